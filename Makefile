@@ -1,0 +1,22 @@
+# The two commands a new user needs: `make demo` and `make test`. Each creates .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+.PHONY: demo test bench install
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/rowgrove demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/rowgrove bench
