@@ -1,0 +1,131 @@
+"""Canonical message hashing: the evidence the gateway uses to decide root or continuation, and
+that reassembly uses to match the harness's accepted messages back to the calls that made them.
+
+Two messages hash the same exactly when a chat template would have to render them the same
+and the model would have produced the same turn:
+- role, content (text, or parts with media hashed by their bytes), tool calls as name + parsed
+  arguments (argument JSON compared as data, not text; tool-call ids ignored), `tool_call_id`,
+  `name`, and reasoning (`reasoning_content` or `reasoning`) are kept;
+- fields the SDK adds as `null` (`refusal`, `annotations`, `audio`, `function_call`, …) are ignored;
+- on an assistant message content `""`, `null` and an absent content are the same.
+
+Requests are chain-hashed: h0 = H(render options, tools), h_i = H(h_{i-1} ‖ H(m_i)). A call's
+summary is its request chain extended by its own response message, so a later request whose
+prefix ends in that response carries the same h_j. Each step costs O(|m_i|), never O(history).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from rowgrove.errors import BadRequest
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+DIGEST = 16  # bytes of sha256 kept: 128 bits, collision-free for any realistic ledger
+
+_ORJSON = orjson.OPT_SORT_KEYS
+
+
+def _h(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()[:DIGEST]
+
+
+def _media_digest(url: str) -> str:
+    """Inline media is identified by its decoded bytes, remote media by its URL."""
+    if url.startswith("data:") and "," in url:
+        head, payload = url.split(",", 1)
+        raw = base64.b64decode(payload) if head.endswith(";base64") else payload.encode()
+        return "sha256:" + hashlib.sha256(raw).hexdigest()
+    return url
+
+
+def _canonical_part(part: Any) -> Any:
+    if not isinstance(part, Mapping):
+        raise BadRequest("content parts must be objects with a 'type'", param="messages")
+    kind = part.get("type")
+    if kind == "text":
+        return {"type": "text", "text": part.get("text", "")}
+    if kind in ("image_url", "input_image"):
+        img = part.get("image_url") or {}
+        url = img.get("url", "") if isinstance(img, Mapping) else str(img)
+        return {"type": "image", "media": _media_digest(url)}
+    if kind == "input_audio":
+        audio = part.get("input_audio") or {}
+        data = audio.get("data", "") if isinstance(audio, Mapping) else ""
+        return {"type": "audio", "media": "sha256:" + hashlib.sha256(data.encode()).hexdigest()}
+    return {k: v for k, v in part.items() if v is not None}
+
+
+def _canonical_arguments(arguments: Any) -> Any:
+    """Tool-call arguments compared as parsed JSON; unparseable text is kept as text."""
+    if isinstance(arguments, str):
+        try:
+            return {"json": orjson.loads(arguments)}
+        except orjson.JSONDecodeError:
+            return {"text": arguments}
+    return {"json": arguments}
+
+
+def canonical_message(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a chat message that decide what a template renders, SDK noise removed."""
+    if not isinstance(msg, Mapping):
+        raise BadRequest("each message must be a JSON object", param="messages")
+    role = msg.get("role")
+    if role not in ROLES:
+        raise BadRequest(
+            f"unknown message role {role!r}: use one of {', '.join(ROLES)}", param="messages"
+        )
+    out: dict[str, Any] = {"role": role}
+    content = msg.get("content")
+    if isinstance(content, list):
+        out["content"] = [_canonical_part(p) for p in content]
+    elif content is not None and not isinstance(content, str):
+        raise BadRequest(f"{role} message content must be a string or a list of parts", param="messages")
+    elif role != "assistant" or content:
+        out["content"] = content
+    tool_calls = msg.get("tool_calls")
+    if tool_calls:
+        calls = []
+        for tc in tool_calls:
+            fn = tc.get("function") if isinstance(tc, Mapping) else None
+            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+                raise BadRequest("each tool call needs function.name", param="messages")
+            calls.append({"name": fn["name"], "arguments": _canonical_arguments(fn.get("arguments"))})
+        out["tool_calls"] = calls
+    for key in ("tool_call_id", "name"):
+        if msg.get(key) is not None:
+            out[key] = msg[key]
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    if reasoning:
+        out["reasoning"] = reasoning
+    return out
+
+
+def message_hash(msg: Mapping[str, Any]) -> bytes:
+    """H(canonical(msg)): equal for messages a template must render alike."""
+    return _h(orjson.dumps(canonical_message(msg), option=_ORJSON))
+
+
+def chain_start(tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None) -> bytes:
+    """h0: what the template renders before any message (tools, template kwargs)."""
+    return _h(orjson.dumps({"tools": list(tools or ()), "options": dict(options or {})}, option=_ORJSON))
+
+
+def chain_step(prev: bytes, msg_digest: bytes) -> bytes:
+    """h_i = H(h_{i-1} ‖ H(m_i))."""
+    return _h(prev + msg_digest)
+
+
+def chain_hashes(messages: Iterable[Mapping[str, Any]], h0: bytes) -> list[bytes]:
+    """[h_1, …, h_n] for a request; h_i covers h0 and messages[:i]."""
+    out: list[bytes] = []
+    h = h0
+    for m in messages:
+        h = chain_step(h, message_hash(m))
+        out.append(h)
+    return out

@@ -1,0 +1,5 @@
+"""The embedded ledger: every rollout and every call that reached the engine, in one SQLite file."""
+
+from rowgrove.ledger.store import SCHEMA, Ledger
+
+__all__ = ["SCHEMA", "Ledger"]
