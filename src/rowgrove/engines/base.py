@@ -1,0 +1,137 @@
+"""The engine protocol (prompt token ids in; sampled token ids, their logprobs and a finish reason
+out) and the small pieces every engine shares: sampling parameters, the stop-string check and
+teacher-forced logprobs.
+
+Token exactness starts here: `Generation.token_ids` are the ids the engine sampled, in order,
+including the end-of-turn / stop token that ended the turn; `logprobs[i]` is the model's log-
+probability of `token_ids[i]` under its raw distribution (temperature 1, before top-p). The
+gateway stores these ids and never re-encodes their text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from rowgrove.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request.
+
+    temperature: 0 means greedy. top_p: nucleus mass kept (1 = all). max_tokens: most tokens
+    sampled (the end-of-turn token counts). stop: strings that end the turn once the decoded
+    output contains one (the completing token is kept). stop_token_ids: ids that end the turn
+    besides the end-of-turn id (kept too). seed: per-request seed; the same seed gives the same
+    sample whatever else is batched with it. top_logprobs: how many alternatives to report per
+    position (0 = none).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise InputError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise InputError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise InputError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        if any(not s for s in self.stop):
+            raise InputError("stop strings must be non-empty")
+
+
+@dataclass
+class Generation:
+    """What an engine sampled for one request. `finish_reason` is "stop" (end-of-turn, a stop id
+    or a stop string ended it; the ending token is the last of `token_ids`) or "length"
+    (max_tokens reached). `top_logprobs[i]` lists (id, logprob) alternatives, best first."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine. `generate` must not block the event loop; cancelling the awaiting
+    task drops the request. Failures raise `rowgrove.errors.EngineError`."""
+
+    tokenizer: PreTrainedTokenizerFast
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+                       hints: Mapping[str, Any] | None = None) -> Generation: ...
+
+    async def aclose(self) -> None: ...
+
+
+class StopChecker:
+    """Decides, token by token, whether a stop string has appeared in the decoded output.
+
+    Only the last few tokens are decoded at each step (enough to hold the longest stop string:
+    every byte-level token decodes to at least one byte), so the cost does not grow with output
+    length. Stops at the first token whose addition makes the decoded tail contain a stop string.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, stop: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.window = max((len(s.encode()) for s in self.stop), default=0) + 1
+
+    def hit(self, token_ids: Sequence[int]) -> bool:
+        """True when the output `token_ids` (so far) contains a stop string."""
+        if not self.stop:
+            return False
+        tail = self.tokenizer.decode(list(token_ids[-self.window:]), skip_special_tokens=False)
+        return any(s in tail for s in self.stop)
+
+
+def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
+    """The prompt as a list of ints; InputError if it is empty or holds an id outside the vocab."""
+    ids = [int(i) for i in prompt_ids]
+    if not ids:
+        raise InputError("prompt_ids is empty: render at least one message with the chat template")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise InputError(f"prompt_ids hold {len(bad)} ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    return ids
+
+
+def top_k_pairs(logp_V: torch.Tensor, k: int) -> list[tuple[int, float]]:
+    """The k most likely (id, logprob) pairs of one log-distribution, best first."""
+    vals, idx = logp_V.topk(k)
+    return [(int(i), float(v)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
+
+
+def teacher_forced_logprobs(model: Any, prompt_ids: Sequence[int], token_ids: Sequence[int],
+                            top_logprobs: int = 0) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
+    """Log-probabilities of `token_ids` following `prompt_ids` under `model` (raw distribution,
+    temperature 1), from one forward pass without gradients; plus top alternatives if asked."""
+    import torch
+
+    if not token_ids:
+        return [], ([] if top_logprobs else None)
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(token_ids)], device=device)
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    p = len(prompt_ids)
+    logp_TV = torch.log_softmax(logits[p - 1: p - 1 + len(token_ids)], dim=-1)
+    target = torch.tensor(list(token_ids), device=device)
+    lp = logp_TV.gather(1, target[:, None])[:, 0].tolist()
+    tops = [top_k_pairs(row, top_logprobs) for row in logp_TV] if top_logprobs else None
+    return lp, tops

@@ -1,0 +1,200 @@
+"""The tiny chat model, built offline in seconds: a byte-level BPE tokenizer trained on the spot
+on generated chat / tool-call / JSON / digit / English text, wrapped as a `transformers` fast
+tokenizer with ChatML, Llama-3 and tool-call tokens, plus a random-init Llama-architecture causal
+LM (2 layers x 64 hidden by default), saved as a normal HF model directory.
+
+Why Llama architecture with `tokenizer_class: PreTrainedTokenizerFast`: transformers 5's
+`AutoTokenizer` turns a `model_type=qwen2` checkpoint into `Qwen2Tokenizer`, which replaces the
+trained normalizer and pre-tokenizer so ids differ from tokenizer.json (FACTS.md). Declaring the
+generic fast class loads tokenizer.json as trained; `tests/model` checks the three loaders agree.
+
+Builds are deterministic (same config -> byte-identical files) and cached: a directory holding a
+complete build with the same config hash (`rowgrove-tiny.json`, written last) is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from rowgrove.errors import InputError
+from rowgrove.model.templates import get_template
+
+BUILDER_VERSION = 1
+MARKER = "rowgrove-tiny.json"
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+    "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+)
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+PAD_TOKEN = "<|endoftext|>"
+
+_WORDS = (
+    "the a an of to and in is it you that he was for on are as with his they at be this have from "
+    "or one had by word but not what all were we when your can said there use each which she do how "
+    "their if will up other about out many then them these so some her would make like him into time "
+    "has look two more write go see number no way could people my than first water been call who "
+    "oil its now find long down day did get come made may part weather city temperature search "
+    "file read list result error value name arguments function tool assistant user system hello "
+    "answer question please thanks sure here calculate add sum total price order reply done ok yes"
+).split()
+_NAMES = ("get_weather", "search", "read_file", "calculator", "add", "lookup", "write_file", "run")
+_KEYS = ("city", "query", "path", "a", "b", "x", "unit", "limit", "expression", "text")
+
+
+def config_hash(*, template: str, seed: int, layers: int, hidden: int, vocab_size: int,
+                extra_corpus: Sequence[str]) -> str:
+    """A short hash naming one tiny-model configuration (and the builder version)."""
+    cfg = {"builder": BUILDER_VERSION, "template": template, "seed": seed, "layers": layers,
+           "hidden": hidden, "vocab_size": vocab_size, "extra_corpus": list(extra_corpus)}
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _corpus(seed: int, extra: Sequence[str]) -> Iterator[str]:
+    """Generated training text: chat renderings with tool calls, JSON, digits, English words."""
+    rng = random.Random(seed)
+
+    def sentence() -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12))).capitalize() + rng.choice(".?!")
+
+    def args() -> dict[str, object]:
+        return {k: rng.choice([rng.randint(-999, 99999), sentence(), rng.random() * 100, True, None])
+                for k in rng.sample(_KEYS, rng.randint(1, 3))}
+
+    for _ in range(600):
+        name = rng.choice(_NAMES)
+        call = json.dumps({"name": name, "arguments": args()}, ensure_ascii=False)
+        yield f"<|im_start|>user\n{sentence()}<|im_end|>\n<|im_start|>assistant\n{sentence()}<|im_end|>\n"
+        yield f"<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call><|im_end|>\n"
+        yield f"<|im_start|>user\n<tool_response>\n{json.dumps(args())}\n</tool_response><|im_end|>\n"
+        yield f"<|start_header_id|>assistant<|end_header_id|>\n\n<think>\n{sentence()}\n</think>\n\n{sentence()}<|eot_id|>"
+        yield f"reply {rng.randint(1, 200)} " + " ".join(str(rng.randint(0, 10**rng.randint(1, 8))) for _ in range(4))
+    yield from extra
+
+
+def _train_tokenizer(seed: int, vocab_size: int, extra: Sequence[str]):  # -> tokenizers.Tokenizer
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_corpus(seed, extra), trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    return tok
+
+
+def _write(out: Path, *, template: str, seed: int, layers: int, hidden: int, vocab_size: int,
+           extra_corpus: Sequence[str], chash: str) -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    spec = get_template(template)
+    raw = _train_tokenizer(seed, vocab_size, extra_corpus)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token=spec.end_of_turn, pad_token=PAD_TOKEN, bos_token=spec.bos,
+        model_max_length=8192, clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = spec.jinja
+    tokenizer.save_pretrained(out)
+
+    eot = raw.token_to_id(spec.end_of_turn)
+    config = LlamaConfig(
+        vocab_size=raw.get_vocab_size(), hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=8192, tie_word_embeddings=True,
+        bos_token_id=raw.token_to_id(spec.bos) if spec.bos else None, eos_token_id=eot,
+        pad_token_id=raw.token_to_id(PAD_TOKEN),
+    )
+    config.tokenizer_class = "PreTrainedTokenizerFast"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eot, pad_token_id=raw.token_to_id(PAD_TOKEN),
+        bos_token_id=config.bos_token_id, do_sample=True,
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    # tokenizer_config.json: make AutoTokenizer load the generic fast class, never a model's own.
+    cfg_path = out / "tokenizer_config.json"
+    tcfg = json.loads(cfg_path.read_text())
+    tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(tcfg, indent=2, sort_keys=True) + "\n")
+    (out / MARKER).write_text(json.dumps({"config_hash": chash, "template": template, "seed": seed,
+                                          "layers": layers, "hidden": hidden, "vocab_size": vocab_size},
+                                         sort_keys=True) + "\n")
+
+
+def _complete_hash(path: Path) -> str | None:
+    try:
+        return json.loads((path / MARKER).read_text())["config_hash"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def build_tiny_model(out_dir: str | Path, *, template: str = "chatml", seed: int = 0, layers: int = 2,
+                     hidden: int = 64, vocab_size: int = 1024, extra_corpus: Sequence[str] = ()) -> Path:
+    """Build the tiny model into `out_dir` and return it as a Path.
+
+    Deterministic: the same arguments give byte-identical files. Cached: when `out_dir` already
+    holds a complete build of the same configuration it is returned untouched. A directory holding
+    another tiny build is replaced; a non-empty directory that is not a tiny build is refused.
+    Safe against concurrent builders: the build happens in a sibling temp dir and is renamed in.
+    """
+    if template not in ("chatml", "qwen3", "llama3"):
+        get_template(template)  # raises InputError naming the known templates
+    if hidden % 4 or hidden < 8 or layers < 1:
+        raise InputError(f"tiny model needs hidden a multiple of 4 (>= 8) and layers >= 1, got hidden={hidden}, layers={layers}")
+    out = Path(out_dir)
+    chash = config_hash(template=template, seed=seed, layers=layers, hidden=hidden,
+                        vocab_size=vocab_size, extra_corpus=extra_corpus)
+    if _complete_hash(out) == chash:
+        return out
+    if out.exists() and any(out.iterdir()) and _complete_hash(out) is None:
+        raise InputError(f"{out} exists and is not a tiny-model build: pass an empty or new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _write(tmp, template=template, seed=seed, layers=layers, hidden=hidden, vocab_size=vocab_size,
+               extra_corpus=extra_corpus, chash=chash)
+        if out.exists():
+            if _complete_hash(out) == chash:  # another builder finished first
+                return out
+            shutil.rmtree(out)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if _complete_hash(out) != chash:
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def cache_root() -> Path:
+    """$ROWGROVE_CACHE, default ~/.cache/rowgrove."""
+    return Path(os.environ.get("ROWGROVE_CACHE") or Path.home() / ".cache" / "rowgrove")
+
+
+def tiny_model_dir(template: str = "chatml", seed: int = 0, **kw) -> Path:
+    """The tiny model for this configuration under the cache root, built on first use."""
+    kw.setdefault("layers", 2)
+    kw.setdefault("hidden", 64)
+    kw.setdefault("vocab_size", 1024)
+    kw["extra_corpus"] = tuple(kw.get("extra_corpus", ()))
+    chash = config_hash(template=template, seed=seed, **kw)
+    return build_tiny_model(cache_root() / f"tiny-{chash}", template=template, seed=seed, **kw)
