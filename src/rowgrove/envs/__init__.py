@@ -1,0 +1,47 @@
+"""Small tasks with tools and verifiable rewards, for the demo, the trainer and tests.
+
+- `counter`: reach a target with `add(n)`; learnable by the tiny model on a CPU in minutes.
+- `lookup`: look up hidden prices, answer their sum.
+
+`make_env(name, seed)` gives a fresh environment (one per concurrent episode), `make_tasks(name,
+n, seed)` the tasks, `synth_transcripts` the warm-up data and `task_corpus` the tokenizer text.
+"""
+
+from __future__ import annotations
+
+from rowgrove.envs.base import Env, StepResult, Task, check_arguments, tool_schema
+from rowgrove.envs.counter import CounterEnv, counter_reward, make_counter_tasks
+from rowgrove.envs.lookup import LookupEnv, make_lookup_tasks
+from rowgrove.envs.synth import POLICIES, play, synth_transcripts, task_corpus, tool_call_message
+from rowgrove.errors import InputError
+
+ENV_NAMES = ("counter", "lookup")
+
+
+def make_env(name: str, seed: int = 0) -> Env:
+    """A fresh environment called `name`. The environments are deterministic; `seed` is accepted
+    so that stochastic environments can share the signature."""
+    del seed
+    if name == "counter":
+        return CounterEnv()
+    elif name == "lookup":
+        return LookupEnv()
+    raise InputError(f"unknown environment {name!r}: use one of {', '.join(ENV_NAMES)}")
+
+
+def make_tasks(name: str, n: int, seed: int = 0) -> list[Task]:
+    """`n` tasks of environment `name`, deterministic in `seed`."""
+    if n < 0:
+        raise InputError(f"number of tasks must be >= 0, got {n}")
+    if name == "counter":
+        return make_counter_tasks(n, seed)
+    elif name == "lookup":
+        return make_lookup_tasks(n, seed)
+    raise InputError(f"unknown environment {name!r}: use one of {', '.join(ENV_NAMES)}")
+
+
+__all__ = [
+    "ENV_NAMES", "POLICIES", "CounterEnv", "Env", "LookupEnv", "StepResult", "Task", "check_arguments",
+    "counter_reward", "make_counter_tasks", "make_env", "make_lookup_tasks", "make_tasks", "play",
+    "synth_transcripts", "task_corpus", "tool_call_message", "tool_schema",
+]
