@@ -209,7 +209,7 @@ def assign_advantages(
             reason_R[k] = reason_R[k] or row.mask_reason
     if bad_reward:
         shown = "; ".join(
-            f"{ids[k]}: {sorted({repr(v) for v in vals})}" for k, vals in list(bad_reward.items())[:5]
+            f"{ids[k]}: {' vs '.join(sorted({repr(v) for v in vals}))}" for k, vals in list(bad_reward.items())[:5]
         )
         raise InputError(
             f"rows of {len(bad_reward)} rollouts disagree on the reward ({shown}): a rollout has "
@@ -217,7 +217,7 @@ def assign_advantages(
         )
     if bad_group:
         shown = "; ".join(
-            f"{ids[k]}: {sorted({repr(v) for v in vals})}" for k, vals in list(bad_group.items())[:5]
+            f"{ids[k]}: {' vs '.join(sorted({repr(v) for v in vals}))}" for k, vals in list(bad_group.items())[:5]
         )
         raise InputError(
             f"rows of {len(bad_group)} rollouts disagree on the group_id ({shown}): a rollout "
