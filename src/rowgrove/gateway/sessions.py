@@ -1,0 +1,409 @@
+"""The gateway's service core, without HTTP: per-rollout state, authorization, the bounded count of
+in-flight generations, SDK-retry replay, and the life of one call (decide → ledger pending →
+engine → parse → ledger completed → answer).
+
+Ordering promises kept here:
+- every refusal (bad request, key, unknown or finished rollout, full queue) is raised before the
+  ledger is touched, so a rejected request changes nothing in it;
+- a call is written `pending` before the engine is asked, and `completed` (or `failed`/`aborted`)
+  before its answer is returned, so no response reaches a harness without its committed call;
+- an SDK retry (`x-stainless-retry-count` > 0, same body) gets the original call's response and
+  is never generated or recorded twice.
+
+Concurrency: everything here runs on the server's one event loop. The per-rollout index is read
+and updated only between awaits, so concurrent calls of one rollout each see a consistent index
+and find their own parent; no lock is needed beyond the loop itself. Ledger writes are short
+SQLite transactions made directly on the loop (well under a millisecond each in WAL mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rowgrove.engines.base import Engine
+from rowgrove.errors import AuthError, BadRequest, Conflict, EngineError, NotFound, Overloaded
+from rowgrove.gateway.openai_format import (
+    ChatRequest,
+    TokenText,
+    completion_body,
+    logprobs_content,
+)
+from rowgrove.hashing import chain_step, message_hash
+from rowgrove.ledger import Ledger
+from rowgrove.types import Call, Rollout
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """How the gateway serves; `rowgrove serve` fills it from its flags."""
+
+    admin_key: str | None = None       # when set, control routes need it (or the rollout's own key)
+    max_body_bytes: int = 32 * MiB     # larger request bodies get 413
+    max_queue: int = 256               # most generations in flight at once; beyond: 429
+    engine_timeout: float = 600.0      # seconds one generation may take; beyond: 504, call failed
+    retry_after: float = 1.0           # the Retry-After hint (seconds) sent with 429/503
+    default_max_tokens: int = 1024     # max_tokens when the request names none
+
+
+class Unavailable(Overloaded):
+    """The server is shutting down or its engine is not ready (503, retry elsewhere or later)."""
+
+
+class BodyTooLarge(BadRequest):
+    """The request body is over `max_body_bytes` (413)."""
+
+
+@dataclass
+class RolloutSession:
+    """What the gateway keeps in memory for one rollout: its key, status and lineage index.
+
+    `index` is built lazily from the ledger (so a restarted server continues where it stopped);
+    `inflight` maps the request key of each call still generating to a future of its response,
+    for SDK retries that arrive before the original finished.
+    """
+
+    rollout_id: str
+    group_id: str | None
+    api_key: str
+    finished: bool
+    index: Any = None
+    inflight: dict[str, asyncio.Future] = field(default_factory=dict)
+
+
+_LOOPBACK_CACHE: dict[str, bool] = {}
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback addresses."""
+    if not host:
+        return False
+    hit = _LOOPBACK_CACHE.get(host)
+    if hit is None:
+        try:
+            addr = ipaddress.ip_address(host)
+            mapped = getattr(addr, "ipv4_mapped", None)
+            hit = bool(addr.is_loopback or (mapped is not None and mapped.is_loopback))
+        except ValueError:
+            hit = False
+        if len(_LOOPBACK_CACHE) < 4096:
+            _LOOPBACK_CACHE[host] = hit
+    return hit
+
+
+def _same_key(given: str | None, expected: str) -> bool:
+    return given is not None and secrets.compare_digest(given.encode(), expected.encode())
+
+
+class Gateway:
+    """The capture service in front of one engine and one ledger (one per server)."""
+
+    def __init__(self, engine: Engine, ledger: Ledger, settings: GatewaySettings | None = None):
+        from rowgrove.gateway.render import Renderer
+        from rowgrove.model.load import end_of_turn_id
+
+        self.engine = engine
+        self.ledger = ledger
+        self.settings = settings or GatewaySettings()
+        self.tokenizer = engine.tokenizer
+        self.renderer = Renderer(self.tokenizer)
+        self.eot_id = end_of_turn_id(self.tokenizer)
+        self.token_text = TokenText(self.tokenizer)
+        self.sessions: dict[str, RolloutSession] = {}
+        self.in_flight = 0
+        self.closing = False
+
+    # -- rollouts and keys ------------------------------------------------------------------
+
+    def start(self) -> int:
+        """Mark calls a crash left pending as aborted; returns how many."""
+        return self.ledger.abort_pending()
+
+    def create_rollout(self, group_id: str, metadata: Mapping[str, Any] | None) -> Rollout:
+        ro = self.ledger.create_rollout(group_id, dict(metadata or {}))
+        self.sessions[ro.id] = RolloutSession(ro.id, ro.group_id, ro.api_key, finished=False)
+        return ro
+
+    def session(self, rollout_id: str) -> RolloutSession:
+        """The rollout's session, loaded from the ledger on first use; NotFound if unknown."""
+        s = self.sessions.get(rollout_id)
+        if s is None:
+            ro = self.ledger.get_rollout(rollout_id)
+            s = RolloutSession(ro.id, ro.group_id, ro.api_key, finished=ro.status == "finished")
+            self.sessions[ro.id] = s
+        return s
+
+    def authorize_call(self, session: RolloutSession, key: str | None) -> None:
+        """Only the rollout's own key may call its base_url."""
+        if not _same_key(key, session.api_key):
+            raise AuthError(
+                f"wrong or missing API key for rollout {session.rollout_id}: use the api_key "
+                "POST /v1/rollouts returned with this rollout's base_url"
+            )
+
+    def authorize_control(self, key: str | None, client_host: str | None,
+                          session: RolloutSession | None = None) -> None:
+        """Control routes: the rollout's own key for its own routes, the admin key when the server
+        has one, and otherwise any loopback caller."""
+        if session is not None and _same_key(key, session.api_key):
+            return
+        admin = self.settings.admin_key
+        if admin is not None:
+            if _same_key(key, admin):
+                return
+            raise AuthError("this route needs the admin key (rowgrove serve --admin-key) as Bearer token")
+        if is_loopback(client_host):
+            return
+        raise AuthError(
+            f"control routes are open to loopback callers only (caller {client_host}): start "
+            "rowgrove serve with --admin-key and send it as Bearer token"
+        )
+
+    def _index(self, session: RolloutSession) -> Any:
+        if session.index is None:
+            from rowgrove.gateway.decide import RolloutIndex
+
+            session.index = RolloutIndex.from_calls(self.ledger.calls(session.rollout_id))
+        return session.index
+
+    # -- one call ---------------------------------------------------------------------------
+
+    async def replay(self, session: RolloutSession, key: str) -> dict[str, Any] | None:
+        """The original response for an SDK retry of the request with this key, or None when
+        there is none to give (never sent, or the original failed): then generate anew."""
+        fut = session.inflight.get(key)
+        if fut is not None:
+            try:
+                return await asyncio.shield(fut)
+            except Exception:
+                return None
+        call = self.ledger.find_retry(session.rollout_id, key)
+        if call is not None and call.status == "completed" and call.response is not None:
+            return call.response
+        return None
+
+    async def chat(self, session: RolloutSession, req: ChatRequest, *, key: str,
+                   retry: bool) -> dict[str, Any]:
+        """Serve one chat completion: the `chat.completion` body, committed before it is returned.
+
+        Raises BadRequest/Conflict/Overloaded before any ledger write; EngineError (call marked
+        failed) when the engine fails or times out. Cancelling the task (client gone) marks the
+        call aborted and cancels the engine request.
+        """
+        from rowgrove.gateway.decide import decide, validate_messages
+
+        if session.finished:
+            raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
+        if self.closing:
+            raise Unavailable("the gateway is shutting down: retry on a running server",
+                              self.settings.retry_after)
+        validate_messages(req.messages)
+        if retry:
+            original = await self.replay(session, key)
+            if original is not None:
+                return original
+            if session.finished:
+                raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
+        if self.in_flight >= self.settings.max_queue:
+            raise Overloaded(
+                f"{self.in_flight} generations in flight (max_queue {self.settings.max_queue}): retry "
+                f"after {self.settings.retry_after:g} s",
+                self.settings.retry_after,
+            )
+        index = self._index(session)
+        plan = decide(index, self.renderer, req.messages, req.tools, req.chat_template_kwargs)
+        call = self.ledger.begin_call(
+            session.rollout_id,
+            parent_id=plan.parent_id,
+            prompt_ids=plan.new_prompt_ids,
+            prompt_len=len(plan.full_prompt_ids),
+            request_hash=plan.request_hash.hex(),
+            request_key=key,
+        )
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_consume_exception)
+        session.inflight[key] = fut
+        self.in_flight += 1
+        try:
+            body = await self._generate_and_commit(session, req, call, plan)
+        except BaseException as e:
+            if not fut.done():
+                fut.set_exception(e if isinstance(e, Exception) else EngineError("call was cancelled"))
+            raise
+        else:
+            fut.set_result(body)
+            return body
+        finally:
+            self.in_flight -= 1
+            if session.inflight.get(key) is fut:
+                del session.inflight[key]
+
+    async def _generate_and_commit(self, session: RolloutSession, req: ChatRequest, call: Call,
+                                   plan: Any) -> dict[str, Any]:
+        hints = {"ordinal": call.ordinal, "script": req.script}
+        try:
+            gen = await asyncio.wait_for(
+                self.engine.generate(plan.full_prompt_ids, req.sampling, hints=hints),
+                self.settings.engine_timeout,
+            )
+        except asyncio.CancelledError as e:
+            why = " ".join(str(a) for a in e.args) or "request cancelled"
+            self.ledger.end_call(call.id, "aborted", why)
+            raise
+        except TimeoutError:
+            self.ledger.end_call(call.id, "failed", f"engine timed out after {self.settings.engine_timeout:g} s")
+            raise EngineError(
+                f"the engine did not answer call {call.id} within {self.settings.engine_timeout:g} s: "
+                "retry, or raise --engine-timeout", timeout=True) from None
+        except Exception as e:
+            self.ledger.end_call(call.id, "failed", f"{type(e).__name__}: {e}")
+            if isinstance(e, EngineError):
+                raise
+            raise EngineError(f"the engine failed on call {call.id}: {type(e).__name__}: {e}") from e
+        try:
+            body, message, finish = self._response(req, call, plan, gen)
+            summary = chain_step(plan.request_hash, message_hash(message))
+            self.ledger.complete_call(
+                call.id,
+                sampled_ids=gen.token_ids,
+                logprobs=gen.logprobs,
+                finish_reason=finish,
+                summary_hash=summary.hex(),
+                response_hash=message_hash(message).hex(),
+                response=body,
+            )
+        except BaseException as e:
+            self.ledger.end_call(call.id, "failed", f"could not record the response: {type(e).__name__}: {e}",
+                                 sampled_ids=gen.token_ids, logprobs=gen.logprobs)
+            raise
+        completed = dataclasses.replace(
+            call, status="completed", sampled_ids=np.asarray(gen.token_ids, np.int32),
+            logprobs=np.asarray(gen.logprobs, np.float32), finish_reason=finish,
+            summary_hash=summary.hex(), response_hash=message_hash(message).hex(), response=body,
+        )
+        if session.index is not None:
+            session.index.add_call(completed)
+        return body
+
+    def _response(self, req: ChatRequest, call: Call, plan: Any, gen: Any) -> tuple[dict, dict, str]:
+        """(completion body, the assistant message it carries, finish reason)."""
+        from rowgrove.gateway.decide import response_message
+        from rowgrove.toolcalls import parse_assistant_text
+
+        ids = list(gen.token_ids)
+        body_ids = ids[:-1] if ids and gen.finish_reason == "stop" and ids[-1] == self.eot_id else ids
+        text = self.tokenizer.decode(body_ids, skip_special_tokens=False)
+        if gen.finish_reason == "stop" and req.sampling.stop:
+            cuts = [text.find(s) for s in req.sampling.stop]
+            cuts = [c for c in cuts if c >= 0]
+            if cuts:
+                text = text[: min(cuts)]
+        parsed = parse_assistant_text(text)
+        message = response_message(parsed, call.id)
+        finish = "tool_calls" if message.get("tool_calls") and gen.finish_reason == "stop" else gen.finish_reason
+        lp = None
+        if req.logprobs:
+            lp = logprobs_content(self.token_text, ids, gen.logprobs, gen.top_logprobs, req.top_logprobs)
+        body = completion_body(
+            call_id=call.id, created=int(call.created_at or time.time()), model=req.model,
+            message=message, finish_reason=finish, prompt_tokens=len(plan.full_prompt_ids),
+            completion_tokens=len(ids), logprobs=lp,
+        )
+        return body, message, finish
+
+    # -- control routes ---------------------------------------------------------------------
+
+    def finish(self, session: RolloutSession, body: Any) -> dict[str, Any]:
+        """Store the harness's accepted conversation(s) and reward; Conflict if already finished."""
+        from rowgrove.gateway.decide import validate_messages
+
+        if not isinstance(body, Mapping):
+            raise BadRequest("the finish body must be a JSON object with messages or conversations and reward")
+        has_m, has_c = body.get("messages") is not None, body.get("conversations") is not None
+        if has_m == has_c:
+            raise BadRequest(
+                "send exactly one of 'messages' (one accepted conversation) or 'conversations' "
+                "(a list of them, e.g. one per sub-agent)", param="messages" if has_m else None,
+            )
+        if has_m:
+            if not isinstance(body["messages"], list):
+                raise BadRequest("'messages' must be a list of chat messages", param="messages")
+            validate_messages(body["messages"])
+            record: dict[str, Any] = {"messages": body["messages"]}
+        else:
+            convs = body["conversations"]
+            if not isinstance(convs, list) or not all(isinstance(c, list) for c in convs):
+                raise BadRequest("'conversations' must be a list of lists of chat messages", param="conversations")
+            for c in convs:
+                validate_messages(c)
+            record = {"conversations": convs}
+        reward = body.get("reward")
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward:
+            raise BadRequest(f"'reward' must be a number, got {reward!r}", param="reward")
+        valid = body.get("valid", True)
+        if valid is None:
+            valid = True
+        if not isinstance(valid, bool):
+            raise BadRequest(f"'valid' must be true or false, got {valid!r}", param="valid")
+        if session.finished:
+            raise Conflict(f"rollout {session.rollout_id} is already finished: start a new rollout")
+        ro = self.ledger.finish_rollout(session.rollout_id, record, float(reward), valid)
+        session.finished = True
+        session.index = None
+        return {"rollout_id": ro.id, "group_id": ro.group_id, "status": ro.status,
+                "reward": ro.reward, "valid": ro.valid}
+
+    def lineage(self, session: RolloutSession) -> dict[str, Any]:
+        ro = self.ledger.get_rollout(session.rollout_id)
+        return {
+            "rollout_id": ro.id,
+            "group_id": ro.group_id,
+            "status": ro.status,
+            "calls": [
+                {"id": c.id, "ordinal": c.ordinal, "parent_id": c.parent_id, "root": c.root,
+                 "status": c.status, "prompt_tokens": c.prompt_len,
+                 "completion_tokens": int(len(c.sampled_ids)), "finish_reason": c.finish_reason}
+                for c in self.ledger.calls(ro.id)
+            ],
+        }
+
+    def rows(self, session: RolloutSession) -> dict[str, Any]:
+        """The rollout's training rows, built by `rowgrove.assemble` from the ledger."""
+        from rowgrove.assemble import rollout_rows
+
+        if not session.finished:
+            raise Conflict(f"rollout {session.rollout_id} is not finished: POST its finish route first")
+        built = rollout_rows(self.ledger, session.rollout_id)
+        return {
+            "rollout_id": session.rollout_id,
+            "rows": [_jsonable(dataclasses.asdict(r)) for r in built.rows],
+            "metrics": _jsonable(built.metrics),
+            "invalid_reason": built.invalid_reason,
+        }
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, Mapping):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def _consume_exception(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
