@@ -1,0 +1,224 @@
+"""Chains and rows: a finished rollout's accepted calls → one training row per chain. Pure: no I/O.
+
+    record ──select──▶ accepted calls ──cut at roots──▶ a tree per root
+       ──leaves (accepted, no accepted descendant)──▶ walk leaf → root
+       ──join stored tokens──▶ root prompt, sampled, new part, sampled, … = one row
+
+Masks. `loss_mask` is 1 exactly on the sampled tokens of accepted calls, and only in the first
+row (segment order) that holds them: where two accepted leaves share ancestors (parallel
+branches, a sub-agent forked from the conversation) the shared sampled tokens are trained once.
+Prompts, template glue, tool outputs and summaries are 0. `logprobs` holds the engine's logprob
+at every sampled position and 0 elsewhere. Segments are numbered by (root ordinal, leaf ordinal).
+
+Validity. The rollout is invalid — every row `valid=False` with `mask_reason` — when an assistant
+message of the record matches no call, an ancestor of an accepted leaf is not accepted (the record
+skipped a turn the model took), a call on a chain did not complete, the stored prompt lengths do
+not add up, or the harness finished it with `valid=false`. Its rows are still built and returned.
+
+Without any assistant message in the record, the rows come from the terminal chain (walk up from
+the last completed call) and `metrics["note"]` says that only part of the rollout was delivered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rowgrove.assemble.select import Match, record_conversations, select_calls
+from rowgrove.types import Call, Rollout, Row
+
+
+@dataclass
+class RolloutRows:
+    """What one finished rollout became.
+
+    `rows` in segment order; `metrics` (see `build_rows`); `invalid_reason` is None for a valid
+    rollout. `accepted` (call ids in ordinal order), `chains` (per row, call ids root → leaf) and
+    `matches` (record message → call) are kept for the lineage picture and for debugging.
+    """
+
+    rows: list[Row]
+    metrics: dict[str, Any]
+    invalid_reason: str | None
+    rollout_id: str = ""
+    accepted: list[str] = field(default_factory=list)
+    chains: list[list[str]] = field(default_factory=list)
+    matches: list[Match] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return self.invalid_reason is None
+
+
+def _preview(msg: Any, width: int = 40) -> str:
+    content = msg.get("content") if isinstance(msg, dict) else None
+    text = content if isinstance(content, str) else ("<tool calls>" if isinstance(msg, dict) and msg.get("tool_calls") else "")
+    text = " ".join(text.split())
+    return repr(text if len(text) <= width else text[: width - 1] + "…")
+
+
+def _leaves(accepted: set[str], by_id: dict[str, Call]) -> list[str]:
+    """Accepted calls with no accepted descendant. Each ancestor is marked once."""
+    has_desc: set[str] = set()
+    for cid in accepted:
+        pid = by_id[cid].parent_id
+        while pid is not None and pid not in has_desc:
+            has_desc.add(pid)
+            p = by_id.get(pid)
+            pid = p.parent_id if p is not None else None
+    return [cid for cid in accepted if cid not in has_desc]
+
+
+def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
+    """Rows of one finished rollout from its calls (any order; ordinals decide).
+
+    Promises: every position with loss mask 1 holds a token the engine sampled, with its logprob
+    (promise 1); every row carries `rollout.reward` (promise 2); a rollout whose record cannot be
+    traced to its calls still yields its rows, marked invalid with the reason (promise 5).
+
+    metrics: calls, roots, accepted_calls, rejected_calls (completed, never trained),
+    failed_calls (failed, aborted or pending), unmatched_messages, rows, row_tokens,
+    prompt_tokens (mask-0 positions over all rows), trained_tokens (mask-1 positions),
+    generated_tokens (sampled by the engine over all completed calls), delivered_fraction
+    (trained_tokens / generated_tokens: 1.0 when every generated token is trained; rejections and
+    a missing record lower it), source ("record" | "terminal_chain"), note.
+    """
+    calls = sorted(calls, key=lambda c: c.ordinal)
+    by_id = {c.id: c for c in calls}
+    reasons: list[str] = []
+    note: str | None = None
+    matches: list[Match] = []
+    has_assistant = any(
+        isinstance(m, dict) and m.get("role") == "assistant"
+        for conv in record_conversations(rollout.record) for m in conv
+    )
+    if has_assistant:
+        source = "record"
+        sel = select_calls(rollout.record, calls)
+        accepted = sel.accepted
+        matches = sel.matches
+        unmatched = sel.unmatched
+        if unmatched:
+            convs = record_conversations(rollout.record)
+            where = ", ".join(
+                f"conversation {m.conversation} message {m.message} {_preview(convs[m.conversation][m.message])}"
+                for m in unmatched[:3]
+            )
+            more = f" (+{len(unmatched) - 3} more)" if len(unmatched) > 3 else ""
+            reasons.append(
+                f"{len(unmatched)} assistant message(s) of the record match no call ({where}{more}): "
+                "text the model did not generate is never trained; send the model's replies unchanged"
+            )
+    else:
+        source = "terminal_chain"
+        last = next((c for c in reversed(calls) if c.status == "completed"), None)
+        accepted = set()
+        cid = last.id if last is not None else None
+        while cid is not None and cid in by_id:
+            accepted.add(cid)
+            cid = by_id[cid].parent_id
+        note = (
+            "the finish carried no assistant messages: rows come from the terminal chain only "
+            f"(walk up from {last.id}), so only part of the rollout may be delivered"
+            if last is not None else "the finish carried no assistant messages and no call completed"
+        )
+    if not rollout.valid:
+        reasons.append("the harness finished the rollout with valid=false")
+
+    leaves = sorted(_leaves(accepted, by_id), key=lambda cid: by_id[cid].ordinal)
+    chains: list[list[Call]] = []
+    for leaf in leaves:
+        chain: list[Call] = []
+        cid: str | None = leaf
+        while cid is not None:
+            c = by_id.get(cid)
+            if c is None:
+                reasons.append(f"call {chain[-1].id} names parent {cid}, which is not in the ledger")
+                break
+            chain.append(c)
+            cid = c.parent_id
+        chain.reverse()
+        chains.append(chain)
+    chains.sort(key=lambda ch: (ch[0].ordinal, ch[-1].ordinal))
+
+    skipped = sorted({c.id for ch in chains for c in ch if c.id not in accepted}, key=lambda i: by_id[i].ordinal)
+    if skipped:
+        reasons.append(
+            f"calls {', '.join(skipped[:5])}{' …' if len(skipped) > 5 else ''} lie on the chain of an accepted "
+            "call but no assistant message of the record matches them: the record skipped a turn the model took"
+        )
+    broken = sorted({c.id for ch in chains for c in ch if c.status != "completed"}, key=lambda i: by_id[i].ordinal)
+    if broken:
+        reasons.append(
+            "calls on a chain did not complete: "
+            + ", ".join(f"{i} ({by_id[i].status}: {by_id[i].error or 'no error recorded'})" for i in broken[:5])
+        )
+
+    rows: list[Row] = []
+    trained: set[str] = set()
+    for seg, chain in enumerate(chains):
+        pieces: list[np.ndarray] = []
+        spans: list[tuple[int, int, Call]] = []
+        pos = 0
+        for c in chain:
+            expect = len(c.prompt_ids) if c.parent_id is None else pos + len(c.prompt_ids)
+            if c.prompt_len != expect:
+                reasons.append(
+                    f"call {c.id}: the engine saw {c.prompt_len} prompt tokens but its chain gives {expect}: "
+                    "the ledger is inconsistent"
+                )
+            pieces.append(c.prompt_ids)
+            pos += len(c.prompt_ids)
+            pieces.append(c.sampled_ids)
+            spans.append((pos, pos + len(c.sampled_ids), c))
+            pos += len(c.sampled_ids)
+        input_ids = np.concatenate(pieces).astype(np.int32, copy=False) if pieces else np.zeros(0, np.int32)
+        loss_mask = np.zeros(pos, np.int32)
+        logprobs = np.zeros(pos, np.float32)
+        for a, b, c in spans:
+            logprobs[a:b] = c.logprobs
+            if c.id in accepted and c.id not in trained and c.status == "completed":
+                loss_mask[a:b] = 1
+                trained.add(c.id)
+        rows.append(Row(
+            rollout_id=rollout.id, group_id=rollout.group_id, input_ids=input_ids, loss_mask=loss_mask,
+            reward=rollout.reward, valid=True, advantage=None, logprobs=logprobs, segment=seg,
+            call_ids=[c.id for c in chain], mask_reason=None,
+        ))
+
+    if not rows and not reasons:
+        reasons.append("no completed call to build a row from" if not calls else
+                       "no accepted call: nothing of this rollout can be trained")
+    invalid_reason = "; ".join(dict.fromkeys(reasons)) if reasons else None
+    if invalid_reason is not None:
+        for r in rows:
+            r.valid = False
+            r.mask_reason = invalid_reason
+
+    completed = [c for c in calls if c.status == "completed"]
+    generated = sum(len(c.sampled_ids) for c in completed)
+    row_tokens = sum(len(r.input_ids) for r in rows)
+    trained_tokens = sum(len(by_id[i].sampled_ids) for i in trained)
+    metrics: dict[str, Any] = {
+        "calls": len(calls),
+        "roots": sum(1 for c in calls if c.parent_id is None),
+        "accepted_calls": len(accepted),
+        "rejected_calls": sum(1 for c in completed if c.id not in accepted),
+        "failed_calls": len(calls) - len(completed),
+        "unmatched_messages": sum(1 for m in matches if m.call_id is None),
+        "rows": len(rows),
+        "row_tokens": row_tokens,
+        "prompt_tokens": row_tokens - trained_tokens,
+        "trained_tokens": trained_tokens,
+        "generated_tokens": generated,
+        "delivered_fraction": trained_tokens / generated if generated else 1.0,
+        "source": source,
+        "note": note,
+    }
+    return RolloutRows(
+        rows=rows, metrics=metrics, invalid_reason=invalid_reason, rollout_id=rollout.id,
+        accepted=sorted(accepted, key=lambda i: by_id[i].ordinal),
+        chains=[[c.id for c in ch] for ch in chains], matches=matches,
+    )

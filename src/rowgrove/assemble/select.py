@@ -1,0 +1,153 @@
+"""Selection: which calls the harness kept, read from its own record of the rollout.
+
+The record (`{"messages": [...]}` or `{"conversations": [[...], ...]}`) is the harness's whole
+semantic history: it spans every compaction and may hold messages that were never sent in that
+form (summaries, edited history). Only its assistant messages are matched; each is matched to the
+call that produced it by the message's canonical hash (`rowgrove.hashing.message_hash`, compared
+with `Call.response_hash`). Calls matched by no message — rejected responses, abandoned retries —
+are never trained.
+
+Identical texts (a retry that produced the same reply as the call it replaced, or the same short
+answer at two turns) are told apart by the lineage, per conversation, with a small Viterbi pass
+over the candidate calls of its assistant messages. A path is scored, in this order:
+1. calls in the order the conversation has them (ordinals strictly increasing),
+2. the most consecutive matches where the earlier call is an ancestor of the later one
+   (a continuation of the previous matched turn beats an unrelated call with the same text),
+3. the later calls (sum of ordinals): between two retries with the same text that nothing else
+   tells apart, the most recent one, as the gateway picks the most recent parent.
+Messages with a single candidate (the usual case) cost one dict lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rowgrove.errors import InputError
+from rowgrove.hashing import message_hash
+from rowgrove.types import Call
+
+
+@dataclass
+class Match:
+    """One assistant message of the record and the call it was matched to (None: no call made it)."""
+
+    conversation: int
+    message: int
+    call_id: str | None
+    candidates: int
+
+
+@dataclass
+class Selection:
+    """Accepted call ids (matched by the record) and how every assistant message was matched."""
+
+    accepted: set[str] = field(default_factory=set)
+    matches: list[Match] = field(default_factory=list)
+
+    @property
+    def unmatched(self) -> list[Match]:
+        return [m for m in self.matches if m.call_id is None]
+
+
+def record_conversations(record: Mapping[str, Any] | None) -> list[list[Mapping[str, Any]]]:
+    """The record's conversations as lists of messages; [] when the harness sent none.
+
+    Accepts `{"messages": [...]}`, `{"conversations": [[...], ...]}` and conversations given as
+    `{"messages": [...]}` objects.
+    """
+    if not record:
+        return []
+    if not isinstance(record, Mapping):
+        raise InputError(f"rollout record must be an object with 'messages' or 'conversations', not {type(record).__name__}")
+    convs: list[list[Mapping[str, Any]]] = []
+    if record.get("messages"):
+        convs.append(list(record["messages"]))
+    for i, conv in enumerate(record.get("conversations") or ()):
+        if isinstance(conv, Mapping):
+            conv = conv.get("messages") or ()
+        if not isinstance(conv, Sequence) or isinstance(conv, str | bytes):
+            raise InputError(f"record conversation {i} must be a list of messages")
+        convs.append(list(conv))
+    return convs
+
+
+def _is_ancestor(a: Call, b: Call, by_id: Mapping[str, Call]) -> bool:
+    """True when `a` is on `b`'s parent chain. Parents always have smaller ordinals."""
+    pid = b.parent_id
+    while pid is not None:
+        if pid == a.id:
+            return True
+        p = by_id.get(pid)
+        if p is None or p.ordinal < a.ordinal:
+            return False
+        pid = p.parent_id
+    return False
+
+
+def _best_path(steps: list[list[Call]], by_id: Mapping[str, Call]) -> list[Call]:
+    """Viterbi over candidate calls (see the module docstring for the score)."""
+    # score = (-order violations, ancestor links, sum of ordinals)
+    scores: list[tuple[int, int, int]] = [(0, 0, c.ordinal) for c in steps[0]]
+    back: list[list[int]] = [[-1] * len(steps[0])]
+    for k in range(1, len(steps)):
+        prev, cur = steps[k - 1], steps[k]
+        new_scores: list[tuple[int, int, int]] = []
+        new_back: list[int] = []
+        for c in cur:
+            best, best_j = None, -1
+            for j, p in enumerate(prev):
+                s = scores[j]
+                cand = (
+                    s[0] - (c.ordinal <= p.ordinal),
+                    s[1] + _is_ancestor(p, c, by_id),
+                    s[2] + c.ordinal,
+                )
+                if best is None or cand > best:
+                    best, best_j = cand, j
+            assert best is not None
+            new_scores.append(best)
+            new_back.append(best_j)
+        scores = new_scores
+        back.append(new_back)
+    j = max(range(len(scores)), key=lambda i: scores[i])
+    path: list[Call] = []
+    for k in range(len(steps) - 1, -1, -1):
+        path.append(steps[k][j])
+        j = back[k][j]
+    path.reverse()
+    return path
+
+
+def select_calls(record: Mapping[str, Any] | None, calls: Sequence[Call]) -> Selection:
+    """Match every assistant message of the record to the completed call that produced it."""
+    by_hash: dict[str, list[Call]] = {}
+    for c in calls:
+        if c.status == "completed" and c.response_hash:
+            by_hash.setdefault(c.response_hash, []).append(c)
+    by_id = {c.id: c for c in calls}
+    sel = Selection()
+    for ci, conv in enumerate(record_conversations(record)):
+        positions: list[int] = []
+        steps: list[list[Call]] = []
+        for mi, msg in enumerate(conv):
+            if not isinstance(msg, Mapping) or msg.get("role") != "assistant":
+                continue
+            cands = by_hash.get(message_hash(msg).hex(), [])
+            if not cands:
+                sel.matches.append(Match(ci, mi, None, 0))
+                continue
+            positions.append(mi)
+            steps.append(cands)
+        if not steps:
+            continue
+        if all(len(s) == 1 for s in steps):
+            path = [s[0] for s in steps]
+        else:
+            path = _best_path(steps, by_id)
+        for mi, c, cands in zip(positions, path, steps, strict=True):
+            sel.matches.append(Match(ci, mi, c.id, len(cands)))
+            sel.accepted.add(c.id)
+    sel.matches.sort(key=lambda m: (m.conversation, m.message))
+    return sel
