@@ -1,0 +1,414 @@
+"""Root or continuation, decided per call before generation (DESIGN.md, "Deciding root or
+continuation"). Pure: no I/O, no clock, no "previous call" state.
+
+    h0 = chain_start(tools, options); h_i = chain_step(h_{i-1}, message_hash(m_i))
+    j  = the last assistant message
+    continuation  iff  every message after j is user/tool (at least one)
+                  and  a completed call of this rollout has summary_hash == hex(h_j)
+                       (several, i.e. identical retries: the most recent)
+                  and  that parent's sampled ids end with the end-of-turn id
+                  and  the template renders the new part on its own (`Renderer.render_continuation`)
+    continuation prompt = parent's context (full prompt + sampled) + rendered new part
+    otherwise a root, rendered in full.
+
+`RolloutIndex` holds one rollout's completed calls (by summary hash, with their token contexts) and
+a memo of message hashes, so a call's hashing cost does not grow with the history already hashed:
+a message is canonicalized once per rollout; later requests that repeat it only pay a C-speed
+`orjson.dumps` and a dict lookup. Contexts are stored as a tree of segments (each call keeps only
+what it added to its parent), so memory grows with the rollout's unique tokens, not with
+calls x context; the contexts of the few most recent calls are also kept whole for speed.
+
+Rollouts never link because each has its own index. Concurrent calls of one rollout each find
+their own parent, since the parent is looked up by the request's own messages.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+from rowgrove.errors import BadRequest
+from rowgrove.hashing import ROLES, chain_start, chain_step, message_hash
+from rowgrove.types import Call
+
+if TYPE_CHECKING:
+    from rowgrove.gateway.render import Renderer
+    from rowgrove.toolcalls import ParsedMessage
+
+# Why a call is a root (Decision.reason); a continuation says CONTINUATION.
+CONTINUATION = "continuation"
+NO_ASSISTANT = "no assistant message"
+ENDS_WITH_ASSISTANT = "request ends with an assistant message"
+NOT_USER_OR_TOOL = "a system or developer message follows the last assistant message"
+REWRITTEN = "rewritten history"
+NOT_SPLITTABLE = "template not splittable"
+PARENT_NO_EOT = "parent ended without end-of-turn"
+
+RECENT_CONTEXTS = 4  # contexts kept whole per rollout (the rest are rebuilt from segments)
+
+
+@dataclass
+class Decision:
+    """What the gateway does with one request.
+
+    `prompt_ids` is what the ledger stores: the full prompt for a root, only the new part for a
+    continuation. `full_prompt_ids` is what the engine sees (for a continuation: the parent's exact
+    context followed by `prompt_ids`). `request_hash` is hex(h_n); `chain` is [h_1, ..., h_n] as
+    bytes. `reason` says why the call is a root (`CONTINUATION` when it is not).
+    """
+
+    parent_id: str | None
+    prompt_ids: list[int]
+    full_prompt_ids: list[int]
+    request_hash: str
+    chain: list[bytes]
+    reason: str
+
+    @property
+    def root(self) -> bool:
+        """True for a root (no parent)."""
+        return self.parent_id is None
+
+
+def summary_hashes(decision: Decision, response: Mapping[str, Any]) -> tuple[str, str]:
+    """(summary_hash, response_hash) of a completed call, as the ledger stores them: the request
+    chain extended by the response message, and the response message's own hash (hex)."""
+    digest = message_hash(response)
+    return chain_step(decision.chain[-1], digest).hex(), digest.hex()
+
+
+class _Node:
+    """One completed call in the index: its parent node, what it added (int32), total length."""
+
+    __slots__ = ("call_id", "last", "length", "parent", "segment")
+
+    def __init__(self, call_id: str, parent: _Node | None, segment: np.ndarray):
+        self.call_id = call_id
+        self.parent = parent
+        self.segment = segment
+        self.length = (parent.length if parent else 0) + len(segment)
+        self.last = int(segment[-1]) if len(segment) else (parent.last if parent else None)
+
+
+class RolloutIndex:
+    """One rollout's completed calls, looked up by summary hash, with their token contexts.
+
+    In memory, rebuildable from the ledger (`from_calls`). Not thread-safe: use it from one event
+    loop (each method runs without awaiting).
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, _Node] = {}
+        self._by_summary: dict[str, list[str]] = {}
+        self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        self._memo: dict[tuple[bytes, bytes], bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, call_id: object) -> bool:
+        return call_id in self._nodes
+
+    # -- adding calls ---------------------------------------------------------------------------
+
+    def add_call(self, call_id: str, summary_hash: str, context_ids: np.ndarray | Sequence[int], *,
+                 parent_id: str | None = None) -> None:
+        """Record a completed call: `context_ids` = its full prompt + its sampled ids.
+
+        With `parent_id` (the decision's parent, already in the index) only what the call added
+        after the parent's context is stored; the parent's context must be a prefix of
+        `context_ids` (checked when the parent's context is at hand, else trusted; a length that
+        cannot hold it stores the context whole)."""
+        if call_id in self._nodes:
+            raise BadRequest(f"call {call_id} is already in the rollout index: add each call once")
+        ctx = context_ids.tolist() if isinstance(context_ids, np.ndarray) else list(context_ids)
+        parent = self._nodes.get(parent_id) if parent_id is not None else None
+        if parent is not None:
+            held = self._recent.get(parent.call_id)
+            if len(ctx) < parent.length or (held is not None and ctx[: parent.length] != held):
+                parent = None
+        start = parent.length if parent is not None else 0
+        self._insert(_Node(call_id, parent, np.asarray(ctx[start:], dtype=np.int32)), summary_hash, ctx)
+
+    def add_completed(self, call: Call) -> None:
+        """Record a completed `Call` from the ledger: context = its parent's context (a
+        continuation) + `call.prompt_ids` + `call.sampled_ids`. A continuation whose parent is not
+        in the index, or a call that is not completed or has no summary, is left out (it then
+        cannot be a parent: a request extending it becomes a root)."""
+        if call.status != "completed" or not call.summary_hash or call.id in self._nodes:
+            return
+        parent = None
+        if not call.root:
+            parent = self._nodes.get(call.parent_id) if call.parent_id is not None else None
+            if parent is None:
+                return
+        segment = np.concatenate([np.asarray(call.prompt_ids, np.int32), np.asarray(call.sampled_ids, np.int32)])
+        self._insert(_Node(call.id, parent, segment), call.summary_hash, None)
+
+    def _insert(self, node: _Node, summary_hash: str, ctx: list[int] | None) -> None:
+        self._nodes[node.call_id] = node
+        self._by_summary.setdefault(summary_hash, []).append(node.call_id)
+        if ctx is not None:
+            self._remember(node.call_id, ctx)
+
+    def _remember(self, call_id: str, ctx: list[int]) -> None:
+        self._recent[call_id] = ctx
+        self._recent.move_to_end(call_id)
+        while len(self._recent) > RECENT_CONTEXTS:
+            self._recent.popitem(last=False)
+
+    @classmethod
+    def from_calls(cls, calls: Iterable[Call]) -> RolloutIndex:
+        """The index of one rollout rebuilt from its ledger calls (after a restart): completed
+        calls only, in ordinal order, each continuation's context rebuilt through its parents."""
+        index = cls()
+        for call in sorted(calls, key=lambda c: c.ordinal):
+            index.add_completed(call)
+        return index
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def candidates(self, summary_hash: str) -> list[str]:
+        """Ids of the completed calls whose summary is `summary_hash`, most recent last."""
+        return list(self._by_summary.get(summary_hash, ()))
+
+    def last_token(self, call_id: str) -> int | None:
+        """The last id of the call's context (its last sampled id, if it sampled any)."""
+        return self._node(call_id).last
+
+    def context(self, call_id: str) -> np.ndarray:
+        """The call's full context (prompt + sampled ids) as int32."""
+        return np.asarray(self.context_list(call_id), dtype=np.int32)
+
+    def context_list(self, call_id: str) -> list[int]:
+        """The call's full context as a list (shared: do not mutate it)."""
+        held = self._recent.get(call_id)
+        if held is not None:
+            self._recent.move_to_end(call_id)
+            return held
+        node: _Node | None = self._node(call_id)
+        parts = []
+        while node is not None:
+            held = self._recent.get(node.call_id)
+            if held is not None:
+                parts.append(held)
+                break
+            parts.append(node.segment.tolist())
+            node = node.parent
+        if len(parts) == 1:
+            ctx = parts[0] if isinstance(parts[0], list) else list(parts[0])
+        else:
+            ctx = []
+            for part in reversed(parts):
+                ctx.extend(part)
+        self._remember(call_id, ctx)
+        return ctx
+
+    def _node(self, call_id: str) -> _Node:
+        try:
+            return self._nodes[call_id]
+        except KeyError:
+            raise KeyError(f"call {call_id} is not a completed call of this rollout's index") from None
+
+    # -- hashing --------------------------------------------------------------------------------
+
+    def chain(self, messages: Sequence[Any], h0: bytes) -> list[bytes]:
+        """[h_1, ..., h_n] for `messages` after `h0`, validating each message the first time this
+        rollout sees it (BadRequest as `validate_messages` raises). A message already hashed after
+        the same prefix is looked up, not canonicalized again."""
+        memo = self._memo
+        out: list[bytes] = []
+        h = h0
+        for i, m in enumerate(messages):
+            try:
+                key = (h, orjson.dumps(m))
+            except (orjson.JSONEncodeError, TypeError):
+                key = None
+            got = memo.get(key) if key is not None else None
+            if got is not None and m.get("role") == "tool":
+                _check_message(messages, i)  # its tool_call_id must answer a call of *this* prefix
+            elif got is None:
+                _check_message(messages, i)
+                got = chain_step(h, message_hash(m))
+                if key is not None:
+                    memo[key] = got
+            out.append(got)
+            h = got
+        return out
+
+
+# -- the decision ----------------------------------------------------------------------------------
+
+
+def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Renderer, *,
+           tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None) -> Decision:
+    """Root or continuation for one request of the rollout whose index is `index`.
+
+    Validates the messages (BadRequest, param "messages") the first time the rollout sees each one,
+    and the tools (param "tools"). Does not change the index: add the call with
+    `index.add_call(...)` once it has completed.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of message objects", param="messages")
+    validate_tools(tools)
+    if options is not None and not isinstance(options, Mapping):
+        raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    chain = index.chain(messages, chain_start(tools, options))
+    request_hash = chain[-1].hex()
+
+    def root(reason: str) -> Decision:
+        ids = renderer.render_root(messages, tools, options)
+        return Decision(None, ids, ids, request_hash, chain, reason)
+
+    j = len(messages) - 1
+    while j >= 0 and messages[j].get("role") != "assistant":
+        j -= 1
+    if j < 0:
+        return root(NO_ASSISTANT)
+    tail = messages[j + 1:]
+    if not tail:
+        return root(ENDS_WITH_ASSISTANT)
+    if any(m.get("role") not in ("user", "tool") for m in tail):
+        return root(NOT_USER_OR_TOOL)
+    found = index.candidates(chain[j].hex())
+    if not found:
+        return root(REWRITTEN)
+    parent = found[-1]
+    if index.last_token(parent) != renderer.end_of_turn_id:
+        return root(PARENT_NO_EOT)
+    new = renderer.render_continuation(tail, tools, options)
+    if new is None:
+        return root(NOT_SPLITTABLE)
+    return Decision(parent, new, index.context_list(parent) + new, request_hash, chain, CONTINUATION)
+
+
+# -- validation ------------------------------------------------------------------------------------
+
+_ROLE_LIST = ", ".join(ROLES)
+
+
+def validate_messages(messages: Any, tools: Any = None) -> None:
+    """Refuse what an OpenAI-compatible server refuses, naming the message and the fix (BadRequest,
+    param "messages", or "tools" for the tools): not a non-empty list, a message that is not an
+    object, an unknown role, content of the wrong type, malformed assistant tool calls, a tool
+    message whose tool_call_id answers no earlier assistant tool call."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of message objects", param="messages")
+    for i in range(len(messages)):
+        _check_message(messages, i)
+    validate_tools(tools)
+
+
+def validate_tools(tools: Any) -> None:
+    """Tools must be null or a list of `{"type": "function", "function": {"name": str, ...}}`."""
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise BadRequest(f"tools must be a list of tool objects, got {type(tools).__name__}", param="tools")
+    for k, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping) or tool.get("type", "function") != "function" or not isinstance(fn, Mapping):
+            raise BadRequest(f'tools[{k}] must be {{"type": "function", "function": {{"name": ...}}}}', param="tools")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise BadRequest(f"tools[{k}].function.name must be a non-empty string", param="tools")
+
+
+def _bad(i: int, what: str) -> BadRequest:
+    return BadRequest(f"messages[{i}]: {what}", param="messages")
+
+
+def _check_message(messages: Sequence[Any], i: int) -> None:
+    m = messages[i]
+    if not isinstance(m, Mapping):
+        raise _bad(i, f"each message must be an object with a 'role', got {type(m).__name__}")
+    role = m.get("role")
+    if role not in ROLES:
+        raise _bad(i, f"unknown role {role!r}: use one of {_ROLE_LIST}")
+    content = m.get("content")
+    if content is None:
+        if role not in ("assistant",):
+            raise _bad(i, f"a {role} message needs content: a string or a list of content parts")
+    elif isinstance(content, list):
+        for k, part in enumerate(content):
+            if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                raise _bad(i, f'content[{k}] must be an object with a "type" (e.g. {{"type": "text", "text": ...}})')
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise _bad(i, f"content[{k}] is a text part without a string 'text'")
+    elif not isinstance(content, str):
+        raise _bad(i, f"content must be a string, null or a list of content parts, got {type(content).__name__}")
+    for key in ("name", "reasoning_content", "reasoning"):
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise _bad(i, f"{key} must be a string, got {type(m[key]).__name__}")
+    tool_calls = m.get("tool_calls")
+    if tool_calls is not None:
+        if role != "assistant":
+            raise _bad(i, f"only assistant messages carry tool_calls, this one is {role}")
+        _check_tool_calls(i, tool_calls)
+    if role == "tool":
+        tcid = m.get("tool_call_id")
+        if not isinstance(tcid, str) or not tcid:
+            raise _bad(i, "a tool message needs the tool_call_id of the assistant tool call it answers")
+        if not _answers_earlier_call(messages, i, tcid):
+            raise _bad(i, f"tool_call_id {tcid!r} matches no tool call of an earlier assistant message: "
+                          "send the id the assistant's tool call carried")
+
+
+def _check_tool_calls(i: int, tool_calls: Any) -> None:
+    if not isinstance(tool_calls, list):
+        raise _bad(i, f"tool_calls must be a list, got {type(tool_calls).__name__}")
+    for k, tc in enumerate(tool_calls):
+        where = f"tool_calls[{k}]"
+        if not isinstance(tc, Mapping):
+            raise _bad(i, f"{where} must be an object with id, type and function")
+        if not isinstance(tc.get("id"), str) or not tc["id"]:
+            raise _bad(i, f"{where}.id must be a non-empty string (tool messages answer it by this id)")
+        if tc.get("type", "function") != "function":
+            raise _bad(i, f'{where}.type must be "function", got {tc.get("type")!r}')
+        fn = tc.get("function")
+        if not isinstance(fn, Mapping):
+            raise _bad(i, f"{where}.function must be an object with name and arguments")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise _bad(i, f"{where}.function.name must be a non-empty string")
+        if not isinstance(fn.get("arguments"), str):
+            raise _bad(i, f"{where}.function.arguments must be a JSON string (as OpenAI sends it), "
+                          f"got {type(fn.get('arguments')).__name__}")
+
+
+def _answers_earlier_call(messages: Sequence[Any], i: int, tcid: str) -> bool:
+    """Whether an assistant message before `i` has a tool call with id `tcid` (searched backwards,
+    so the usual case, the assistant just before, costs O(1))."""
+    for k in range(i - 1, -1, -1):
+        m = messages[k]
+        if isinstance(m, Mapping) and m.get("role") == "assistant":
+            for tc in m.get("tool_calls") or ():
+                if isinstance(tc, Mapping) and tc.get("id") == tcid:
+                    return True
+    return False
+
+
+# -- the response message --------------------------------------------------------------------------
+
+
+def response_message(parsed: ParsedMessage, call_id: str | None = None) -> dict[str, Any]:
+    """The assistant message the gateway returns and hashes, from a parsed sampled text: role,
+    content (None when only tool calls were said, else a string), tool_calls (arguments as JSON
+    strings) when there are any, reasoning_content when there is reasoning. With `call_id`, tool
+    call ids are derived from it (`toolcalls.tool_call_id`), so they are unique across calls."""
+    msg: dict[str, Any] = {"role": "assistant"}
+    tool_calls = [dict(tc, function=dict(tc["function"])) for tc in parsed.tool_calls]
+    if call_id is not None:
+        from rowgrove.toolcalls import tool_call_id
+
+        for k, tc in enumerate(tool_calls):
+            tc["id"] = tool_call_id(call_id, k, tc["function"]["name"], tc["function"]["arguments"])
+    msg["content"] = parsed.content if parsed.content else (None if tool_calls else "")
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    if parsed.reasoning:
+        msg["reasoning_content"] = parsed.reasoning
+    return msg
