@@ -34,7 +34,7 @@ class TrainConfig:
     """Layers of the tiny model (model "tiny-task" only)."""
     tiny_hidden: int = 64
     """Hidden size of the tiny model (model "tiny-task" only)."""
-    env: str = "countdown"
+    env: str = "counter"
     """Task name in rowgrove.envs (a learnable, tool-using task)."""
     agent: Mapping[str, Any] = field(default_factory=dict)
     """Agent options passed to rowgrove.agents (compaction policy, max turns, max retries...)."""
@@ -72,6 +72,9 @@ class TrainConfig:
     """Most tokens the engine samples per call."""
     warmup_sft_steps: int = 60
     """Supervised warm-up steps on synthetic transcripts before GRPO (0 skips)."""
+    warmup_policy: str = "random"
+    """Scripted policy of the warm-up transcripts (rowgrove.envs POLICIES): "random" teaches the
+    tool-call format only, so the task skill measured after GRPO comes from RL."""
     warmup_sft_lr: float = 3e-3
     """Learning rate of the supervised warm-up."""
     warmup_sft_batch: int = 16
@@ -140,6 +143,11 @@ def _coerce(name: str, raw: Any, current: Any, annotation: str) -> Any:
             raise InputError(f"config field {name} is an integer, got {raw!r}")
         return raw
     if annotation == "float":
+        if isinstance(raw, str):
+            try:
+                raw = float(raw)
+            except ValueError:
+                pass
         if isinstance(raw, bool) or not isinstance(raw, (int, float)):
             raise InputError(f"config field {name} is a number, got {raw!r}")
         return float(raw)
