@@ -18,10 +18,10 @@ from rowgrove.ledger import Ledger
 def make_server(engine: Engine, ledger: Ledger, *, host: str = "127.0.0.1", port: int = 8000,
                 settings: GatewaySettings | None = None, loop: str = "uvloop",
                 log_level: str = "warning", access_log: bool = False) -> uvicorn.Server:
-    """A uvicorn server (uvloop + httptools by default) for the gateway app; not started."""
+    """A uvicorn server (uvloop; httptools when installed, else h11) for the gateway app; not started."""
     app = create_app(engine, ledger, settings=settings)
     config = uvicorn.Config(
-        app, host=host, port=port, loop=loop, http="httptools", lifespan="on",
+        app, host=host, port=port, loop=loop, http="auto", lifespan="on",
         log_level=log_level, access_log=access_log, timeout_keep_alive=30,
         timeout_graceful_shutdown=5, backlog=2048,
     )

@@ -31,14 +31,24 @@ import numpy as np
 
 from rowgrove.engines.base import Engine
 from rowgrove.errors import AuthError, BadRequest, Conflict, EngineError, NotFound, Overloaded
+from rowgrove.gateway.decide import (
+    Decision,
+    RolloutIndex,
+    decide,
+    response_message,
+    summary_hashes,
+    validate_messages,
+)
 from rowgrove.gateway.openai_format import (
     ChatRequest,
     TokenText,
     completion_body,
     logprobs_content,
 )
-from rowgrove.hashing import chain_step, message_hash
+from rowgrove.gateway.render import Renderer
 from rowgrove.ledger import Ledger
+from rowgrove.model.load import end_of_turn_id
+from rowgrove.toolcalls import parse_assistant_text
 from rowgrove.types import Call, Rollout
 
 MiB = 1 << 20
@@ -77,7 +87,7 @@ class RolloutSession:
     group_id: str | None
     api_key: str
     finished: bool
-    index: Any = None
+    index: RolloutIndex | None = None
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
 
 
@@ -109,9 +119,6 @@ class Gateway:
     """The capture service in front of one engine and one ledger (one per server)."""
 
     def __init__(self, engine: Engine, ledger: Ledger, settings: GatewaySettings | None = None):
-        from rowgrove.gateway.render import Renderer
-        from rowgrove.model.load import end_of_turn_id
-
         self.engine = engine
         self.ledger = ledger
         self.settings = settings or GatewaySettings()
@@ -169,10 +176,8 @@ class Gateway:
             "rowgrove serve with --admin-key and send it as Bearer token"
         )
 
-    def _index(self, session: RolloutSession) -> Any:
+    def _index(self, session: RolloutSession) -> RolloutIndex:
         if session.index is None:
-            from rowgrove.gateway.decide import RolloutIndex
-
             session.index = RolloutIndex.from_calls(self.ledger.calls(session.rollout_id))
         return session.index
 
@@ -200,34 +205,33 @@ class Gateway:
         failed) when the engine fails or times out. Cancelling the task (client gone) marks the
         call aborted and cancels the engine request.
         """
-        from rowgrove.gateway.decide import decide, validate_messages
-
         if session.finished:
             raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
         if self.closing:
             raise Unavailable("the gateway is shutting down: retry on a running server",
                               self.settings.retry_after)
-        validate_messages(req.messages)
+        index = self._index(session)
+        plan = decide(index, req.messages, self.renderer, tools=req.tools, options=req.chat_template_kwargs)
         if retry:
             original = await self.replay(session, key)
             if original is not None:
                 return original
             if session.finished:
                 raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
+            index = self._index(session)  # the index may have grown while the original ran
+            plan = decide(index, req.messages, self.renderer, tools=req.tools, options=req.chat_template_kwargs)
         if self.in_flight >= self.settings.max_queue:
             raise Overloaded(
                 f"{self.in_flight} generations in flight (max_queue {self.settings.max_queue}): retry "
                 f"after {self.settings.retry_after:g} s",
                 self.settings.retry_after,
             )
-        index = self._index(session)
-        plan = decide(index, self.renderer, req.messages, req.tools, req.chat_template_kwargs)
         call = self.ledger.begin_call(
             session.rollout_id,
             parent_id=plan.parent_id,
-            prompt_ids=plan.new_prompt_ids,
+            prompt_ids=plan.prompt_ids,
             prompt_len=len(plan.full_prompt_ids),
-            request_hash=plan.request_hash.hex(),
+            request_hash=plan.request_hash,
             request_key=key,
         )
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -249,7 +253,7 @@ class Gateway:
                 del session.inflight[key]
 
     async def _generate_and_commit(self, session: RolloutSession, req: ChatRequest, call: Call,
-                                   plan: Any) -> dict[str, Any]:
+                                   plan: Decision) -> dict[str, Any]:
         hints = {"ordinal": call.ordinal, "script": req.script}
         try:
             gen = await asyncio.wait_for(
@@ -272,33 +276,27 @@ class Gateway:
             raise EngineError(f"the engine failed on call {call.id}: {type(e).__name__}: {e}") from e
         try:
             body, message, finish = self._response(req, call, plan, gen)
-            summary = chain_step(plan.request_hash, message_hash(message))
+            summary, response_hash = summary_hashes(plan, message)
             self.ledger.complete_call(
                 call.id,
                 sampled_ids=gen.token_ids,
                 logprobs=gen.logprobs,
                 finish_reason=finish,
-                summary_hash=summary.hex(),
-                response_hash=message_hash(message).hex(),
+                summary_hash=summary,
+                response_hash=response_hash,
                 response=body,
             )
         except BaseException as e:
             self.ledger.end_call(call.id, "failed", f"could not record the response: {type(e).__name__}: {e}",
                                  sampled_ids=gen.token_ids, logprobs=gen.logprobs)
             raise
-        completed = dataclasses.replace(
-            call, status="completed", sampled_ids=np.asarray(gen.token_ids, np.int32),
-            logprobs=np.asarray(gen.logprobs, np.float32), finish_reason=finish,
-            summary_hash=summary.hex(), response_hash=message_hash(message).hex(), response=body,
-        )
         if session.index is not None:
-            session.index.add_call(completed)
+            session.index.add_call(call.id, summary, plan.full_prompt_ids + list(gen.token_ids),
+                                   parent_id=plan.parent_id)
         return body
 
-    def _response(self, req: ChatRequest, call: Call, plan: Any, gen: Any) -> tuple[dict, dict, str]:
+    def _response(self, req: ChatRequest, call: Call, plan: Decision, gen: Any) -> tuple[dict, dict, str]:
         """(completion body, the assistant message it carries, finish reason)."""
-        from rowgrove.gateway.decide import response_message
-        from rowgrove.toolcalls import parse_assistant_text
 
         ids = list(gen.token_ids)
         body_ids = ids[:-1] if ids and gen.finish_reason == "stop" and ids[-1] == self.eot_id else ids
@@ -308,8 +306,7 @@ class Gateway:
             cuts = [c for c in cuts if c >= 0]
             if cuts:
                 text = text[: min(cuts)]
-        parsed = parse_assistant_text(text)
-        message = response_message(parsed, call.id)
+        message = response_message(parse_assistant_text(text, id_seed=call.id), call.id)
         finish = "tool_calls" if message.get("tool_calls") and gen.finish_reason == "stop" else gen.finish_reason
         lp = None
         if req.logprobs:
@@ -325,8 +322,6 @@ class Gateway:
 
     def finish(self, session: RolloutSession, body: Any) -> dict[str, Any]:
         """Store the harness's accepted conversation(s) and reward; Conflict if already finished."""
-        from rowgrove.gateway.decide import validate_messages
-
         if not isinstance(body, Mapping):
             raise BadRequest("the finish body must be a JSON object with messages or conversations and reward")
         has_m, has_c = body.get("messages") is not None, body.get("conversations") is not None
@@ -338,14 +333,14 @@ class Gateway:
         if has_m:
             if not isinstance(body["messages"], list):
                 raise BadRequest("'messages' must be a list of chat messages", param="messages")
-            validate_messages(body["messages"])
+            validate_messages(body["messages"], None)
             record: dict[str, Any] = {"messages": body["messages"]}
         else:
             convs = body["conversations"]
             if not isinstance(convs, list) or not all(isinstance(c, list) for c in convs):
                 raise BadRequest("'conversations' must be a list of lists of chat messages", param="conversations")
             for c in convs:
-                validate_messages(c)
+                validate_messages(c, None)
             record = {"conversations": convs}
         reward = body.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward:
