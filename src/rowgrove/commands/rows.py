@@ -1,0 +1,64 @@
+"""`rowgrove rows`: every finished rollout of a ledger → training rows with advantages.
+
+    rowgrove rows --ledger runs/ledger.db --out rows.parquet
+    rowgrove rows --ledger runs/ledger.db --out rows.jsonl --estimator dr_grpo
+
+Rows come from `rowgrove.assemble` (one per chain), advantages from
+`rowgrove.algo.assign_advantages` (one per rollout, baseline per group_id). Invalid rollouts keep
+their rows, `valid=false` with the reason, and take no part in any baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ledger", required=True, help="SQLite ledger file written by `rowgrove serve`")
+    p.add_argument("--out", required=True, help="output file: *.parquet or *.jsonl")
+    p.add_argument("--estimator", default="grpo", choices=("grpo", "dr_grpo", "rloo"),
+                   help="advantage estimator (default grpo)")
+    p.add_argument("--no-std", action="store_true", help="do not divide advantages by the group's std")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+
+
+def _reason_key(reason: str) -> str:
+    """A reason without its specifics, for counting: the text before the first '(' or ':'."""
+    cut = min((i for i in (reason.find("("), reason.find(":")) if i > 0), default=len(reason))
+    return reason[:cut].strip()
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from rowgrove.algo import assign_advantages
+    from rowgrove.assemble import build_rows, write_rows
+    from rowgrove.assemble.io import _format
+    from rowgrove.assemble.read import count_finished, iter_finished
+    from rowgrove.ledger import Ledger
+
+    _format(__import__("pathlib").Path(args.out))  # refuse a bad suffix before reading anything
+    with Ledger(args.ledger, readonly=True) as ledger:
+        total = count_finished(ledger)
+        show_bar = not args.quiet and sys.stderr.isatty() and total >= 200
+        rows, invalid = [], Counter()
+        n_rollouts = 0
+        for rollout, calls in tqdm(iter_finished(ledger), total=total, disable=not show_bar,
+                                   unit="rollout", file=sys.stderr, desc="rows"):
+            built = build_rows(rollout, calls)
+            n_rollouts += 1
+            rows.extend(built.rows)
+            if built.invalid_reason:
+                for part in built.invalid_reason.split("; "):
+                    invalid[_reason_key(part)] += 1
+    rows = assign_advantages(rows, estimator=args.estimator, scale_by_std=not args.no_std)
+    write_rows(rows, args.out)
+    if not args.quiet:
+        per = len(rows) / n_rollouts if n_rollouts else 0.0
+        n_invalid = len({r.rollout_id for r in rows if not r.valid})
+        why = "; ".join(f"{k} ×{v}" for k, v in invalid.most_common(4))
+        print(f"{n_rollouts} rollouts → {len(rows)} rows ({per:.2f} per rollout) → {args.out}; "
+              f"{n_invalid} invalid" + (f" ({why})" if why else ""))
+    return 0
