@@ -38,7 +38,7 @@ def test_compaction_rollout_has_several_roots_and_retry_is_a_sibling(gw):
     res = asyncio.run(run_rollout(gw.url, "g-compact", make_env("counter"), task, cfg, extra_body=script))
     assert res.reward == 1.0 and res.actions == 5 and res.rejected == 1 and res.compactions == 2
     calls = gw.lineage(res.info["rollout_id"])["calls"]
-    assert len(calls) == 4
+    assert len(calls) == 6
     roots = [c["ordinal"] for c in calls if c["root"]]
     # call 1 root; 2 (rejected) and 3 (its retry) continue 1; compaction after actions 2 and 4
     assert roots == [1, 4, 6]
