@@ -135,16 +135,15 @@ def group_advantages(
         return np.zeros(0, np.float64)
 
     counts_B = np.bincount(codes_R, minlength=n_bins)
-    # One member's reward per bin; a group is uniform when every member equals it. Uniform groups
-    # take that value as their mean, so they come out exactly 0 (a float mean of equal values
-    # need not equal them exactly).
+    # Shift each group by one of its own rewards before averaging: the mean is then that reward
+    # plus the mean deviation, so a uniform group has deviations of exactly 0 and comes out exactly
+    # 0 (a float mean of equal values need not equal them), and the sums are better conditioned.
     some_B = np.empty(n_bins, np.float64)
-    some_B[codes_R] = rewards_R
-    differs_B = np.bincount(codes_R, weights=rewards_R != some_B[codes_R], minlength=n_bins) > 0
+    some_B[codes_R] = rewards_R  # any member's reward will do
+    dev_R = rewards_R - some_B[codes_R]
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean_B = np.bincount(codes_R, weights=rewards_R, minlength=n_bins) / counts_B
-    mean_B = np.where(differs_B, mean_B, some_B)
-    centered_R = rewards_R - mean_B[codes_R]
+        dev_mean_B = np.bincount(codes_R, weights=dev_R, minlength=n_bins) / counts_B
+    centered_R = dev_R - dev_mean_B[codes_R]  # r - group mean
 
     if estimator == "grpo" and scale_by_std:
         # divisor: the group's sample std (ddof=1) + eps; a group of one has std 0, so 0 / eps = 0
