@@ -11,8 +11,8 @@ prompt as token ids and returns output token ids with their logprobs. An adapter
 `generate(prompt_ids, sampling, hints=None)` that posts `input_ids` plus the mapped sampling params
 (temperature, top_p, max_new_tokens, stop, stop_token_ids, seed, logprobs) and returns
 `Generation(token_ids, logprobs, finish_reason)` from the output ids (never from re-encoded text),
-raising EngineError on HTTP failures. Ask for the logprobs of the raw distribution (vLLM:
-`logprobs_mode="raw_logprobs"`) so they mean what `Generation` promises.
+raising EngineError on HTTP failures. Ask for the logprobs of the raw distribution (vLLM: start
+the server with `--logprobs-mode raw_logprobs`) so they mean what `Generation` promises.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -
     torch intra-op threads, process-wide), `max_batch` (hf: most requests per batch)."""
     from rowgrove.model.load import load_model
 
-    if kind not in ("hf", "scripted"):
+    allowed = {"hf": {"threads", "max_batch"}, "scripted": {"threads"}}
+    if kind not in allowed:
         raise InputError(f"unknown engine {kind!r}: use hf or scripted")
+    unknown = sorted(set(kw) - allowed[kind] - {"dtype"})
+    if unknown:
+        raise InputError(f"{kind} engine does not take {', '.join(unknown)}: it takes dtype, {', '.join(sorted(allowed[kind]))}")
     model, tokenizer = load_model(model_spec, device=device, dtype=kw.pop("dtype", None))
     if kind == "scripted":
         from rowgrove.engines.scripted import ScriptedEngine

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from rowgrove.engines.base import Generation, SamplingParams, StopChecker, check_prompt, top_k_pairs
+from rowgrove.engines.base import Generation, SamplingParams, StopChecker, check_prompt
 from rowgrove.errors import EngineError, InputError
 from rowgrove.model.load import end_of_turn_id
 
