@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from types import FrameType
 
 import uvicorn
 
@@ -30,8 +33,29 @@ def make_server(engine: Engine, ledger: Ledger, *, host: str = "127.0.0.1", port
 
 def serve(engine: Engine, ledger: Ledger, *, host: str = "127.0.0.1", port: int = 8000,
           settings: GatewaySettings | None = None, log_level: str = "info") -> None:
-    """Serve until interrupted (SIGINT/SIGTERM); in-flight calls get a graceful few seconds."""
+    """Serve until interrupted; in-flight calls get a graceful few seconds. After SIGTERM it
+    returns normally (so callers close the engine and ledger); after SIGINT KeyboardInterrupt
+    propagates, as usual."""
     server = make_server(engine, ledger, host=host, port=port, settings=settings,
                          log_level=log_level, access_log=log_level == "debug")
     logging.getLogger("rowgrove").info("gateway on http://%s:%d, ledger %s", host, port, ledger.path)
-    server.run()
+    if threading.current_thread() is not threading.main_thread():
+        server.run()
+        return
+    # uvicorn re-raises the signal it stopped on once it is done; for SIGTERM that would kill the
+    # process before the caller's cleanup, so the re-raised SIGTERM ends serve() instead.
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        server.run()
+    except _Terminated:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: the server has shut down gracefully."""
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
