@@ -6,8 +6,12 @@ We render with `tokenize=False` and encode with `add_special_tokens=False` (tran
 
 from __future__ import annotations
 
+import json
+
 import jinja2
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rowgrove.model.load import load_tokenizer
 from rowgrove.toolcalls import format_assistant_text, format_tool_call
@@ -160,3 +164,45 @@ def test_encoded_rendering_has_single_id_markup(tok):
     assert toks.count("<tool_call>") == 2 and toks.count("</tool_call>") == 2
     assert toks.count("<think>") == 1  # the last assistant turn keeps its reasoning in all three
     assert tok.decode(ids) == text
+
+
+_TOKENIZERS: dict = {}
+_text = st.text(st.sampled_from("abc xyz 019.,!?\n{}\"é"), min_size=0, max_size=12)
+
+
+@st.composite
+def conversations(draw):
+    msgs = [{"role": "system", "content": draw(_text)}] if draw(st.booleans()) else []
+    for turn in range(draw(st.integers(1, 4))):
+        msgs.append({"role": "user", "content": draw(_text)})
+        while True:
+            calls = draw(st.lists(st.tuples(st.sampled_from(["f", "get_weather"]), st.dictionaries(st.sampled_from("abc"), st.integers(0, 99), max_size=2)), max_size=2))
+            msg = {"role": "assistant", "content": draw(st.none() | _text)}
+            if draw(st.booleans()):
+                msg["reasoning_content"] = draw(_text.filter(lambda s: s.strip("\n")))
+            if calls:
+                msg["tool_calls"] = [call(f"c{turn}{i}", n, json.dumps(a)) for i, (n, a) in enumerate(calls)]
+            msgs.append(msg)
+            if not calls:
+                break
+            msgs.extend({"role": "tool", "tool_call_id": f"c{turn}{i}", "content": draw(_text)} for i in range(len(calls)))
+    return msgs
+
+
+@pytest.mark.parametrize("spec", ["tiny", "tiny-llama3"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(conv=conversations())
+def test_prefix_stable_property_in_text_and_ids(spec, conv):
+    """For random conversations, at every assistant boundary the rendering (and its ids) is a
+    prefix of the full rendering: what the gateway's continuations rely on for these templates."""
+    if spec not in _TOKENIZERS:
+        _TOKENIZERS[spec] = load_tokenizer(spec)
+    tok = _TOKENIZERS[spec]
+    full = render(tok, conv, tools=TOOLS)
+    full_ids = tok.encode(full, add_special_tokens=False)
+    for i, m in enumerate(conv):
+        if m["role"] == "assistant":
+            part = render(tok, conv[: i + 1], tools=TOOLS)
+            assert full.startswith(part)
+            ids = tok.encode(part, add_special_tokens=False)
+            assert full_ids[: len(ids)] == ids

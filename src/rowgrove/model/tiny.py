@@ -149,6 +149,9 @@ def build_tiny_model(out_dir: str | Path, *, template: str = "chatml", seed: int
                      hidden: int = 64, vocab_size: int = 1024, extra_corpus: Sequence[str] = ()) -> Path:
     """Build the tiny model into `out_dir` and return it as a Path.
 
+    `vocab_size` is the BPE vocabulary including the 7 special tokens; the 6 tool/think tokens are
+    added on top (1030 ids by default). `extra_corpus` adds tokenizer training text.
+
     Deterministic: the same arguments give byte-identical files. Cached: when `out_dir` already
     holds a complete build of the same configuration it is returned untouched. A directory holding
     another tiny build is replaced; a non-empty directory that is not a tiny build is refused.
