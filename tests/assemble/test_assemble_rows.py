@@ -112,3 +112,10 @@ def test_open_and_unknown_rollouts(ledger):
 def test_reward_copied_and_no_calls(ledger):
     rr = rollout_rows(ledger, write_rollout(ledger, "g", [], {"messages": [user("q")]}, 0.25))
     assert rr.rows == [] and rr.invalid_reason and "no completed call" in rr.invalid_reason
+
+
+def test_reason_kinds_name_each_cause(ledger):
+    steps = [("c1", None, [1], [101], "a"), ("c2", "c1", [2], [102], "b")]
+    rec = {"messages": [assistant("b"), assistant("made up")]}
+    rr = rollout_rows(ledger, write_rollout(ledger, "g", steps, rec, 1.0, valid=False))
+    assert rr.reason_kinds == ["unmatched_message", "harness_invalid", "skipped_turn"]

@@ -30,6 +30,17 @@ from rowgrove.assemble.select import Match, record_conversations, select_calls
 from rowgrove.types import Call, Rollout, Row
 
 
+REASONS = {
+    "unmatched_message": "an assistant message of the record matches no call (text the model did not generate)",
+    "missing_parent": "a call names a parent that is not in the ledger",
+    "skipped_turn": "a call on an accepted chain matches no message of the record",
+    "call_not_completed": "a call on a chain failed or was aborted",
+    "inconsistent_ledger": "stored prompt lengths do not add up along a chain",
+    "harness_invalid": "the harness finished the rollout with valid=false",
+    "nothing_to_train": "no completed or accepted call",
+}
+
+
 @dataclass
 class RolloutRows:
     """What one finished rollout became.
@@ -46,6 +57,7 @@ class RolloutRows:
     accepted: list[str] = field(default_factory=list)
     chains: list[list[str]] = field(default_factory=list)
     matches: list[Match] = field(default_factory=list)
+    reason_kinds: list[str] = field(default_factory=list)   # one short code per reason, see REASONS
 
     @property
     def valid(self) -> bool:
@@ -85,15 +97,18 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
     (trained_tokens / generated_tokens: 1.0 when every generated token is trained; rejections and
     a missing record lower it), source ("record" | "terminal_chain"), note.
     """
-    calls = sorted(calls, key=lambda c: c.ordinal)
+    if any(a.ordinal >= b.ordinal for a, b in zip(calls, calls[1:])):
+        calls = sorted(calls, key=lambda c: c.ordinal)
     by_id = {c.id: c for c in calls}
-    reasons: list[str] = []
+    reasons: list[tuple[str, str]] = []   # (kind, explanation)
+
+    def fail(kind: str, text: str) -> None:
+        reasons.append((kind, text))
+
     note: str | None = None
     matches: list[Match] = []
-    has_assistant = any(
-        isinstance(m, dict) and m.get("role") == "assistant"
-        for conv in record_conversations(rollout.record) for m in conv
-    )
+    convs = record_conversations(rollout.record)
+    has_assistant = any(type(m) is dict and m.get("role") == "assistant" for conv in convs for m in conv)
     if has_assistant:
         source = "record"
         sel = select_calls(rollout.record, calls)
@@ -101,13 +116,12 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         matches = sel.matches
         unmatched = sel.unmatched
         if unmatched:
-            convs = record_conversations(rollout.record)
             where = ", ".join(
                 f"conversation {m.conversation} message {m.message} {_preview(convs[m.conversation][m.message])}"
                 for m in unmatched[:3]
             )
             more = f" (+{len(unmatched) - 3} more)" if len(unmatched) > 3 else ""
-            reasons.append(
+            fail("unmatched_message",
                 f"{len(unmatched)} assistant message(s) of the record match no call ({where}{more}): "
                 "text the model did not generate is never trained; send the model's replies unchanged"
             )
@@ -125,7 +139,7 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
             if last is not None else "the finish carried no assistant messages and no call completed"
         )
     if not rollout.valid:
-        reasons.append("the harness finished the rollout with valid=false")
+        fail("harness_invalid", "the harness finished the rollout with valid=false")
 
     leaves = sorted(_leaves(accepted, by_id), key=lambda cid: by_id[cid].ordinal)
     chains: list[list[Call]] = []
@@ -135,7 +149,7 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         while cid is not None:
             c = by_id.get(cid)
             if c is None:
-                reasons.append(f"call {chain[-1].id} names parent {cid}, which is not in the ledger")
+                fail("missing_parent", f"call {chain[-1].id} names parent {cid}, which is not in the ledger")
                 break
             chain.append(c)
             cid = c.parent_id
@@ -145,13 +159,13 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
 
     skipped = sorted({c.id for ch in chains for c in ch if c.id not in accepted}, key=lambda i: by_id[i].ordinal)
     if skipped:
-        reasons.append(
+        fail("skipped_turn",
             f"calls {', '.join(skipped[:5])}{' …' if len(skipped) > 5 else ''} lie on the chain of an accepted "
             "call but no assistant message of the record matches them: the record skipped a turn the model took"
         )
     broken = sorted({c.id for ch in chains for c in ch if c.status != "completed"}, key=lambda i: by_id[i].ordinal)
     if broken:
-        reasons.append(
+        fail("call_not_completed",
             "calls on a chain did not complete: "
             + ", ".join(f"{i} ({by_id[i].status}: {by_id[i].error or 'no error recorded'})" for i in broken[:5])
         )
@@ -165,7 +179,7 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         for c in chain:
             expect = len(c.prompt_ids) if c.parent_id is None else pos + len(c.prompt_ids)
             if c.prompt_len != expect:
-                reasons.append(
+                fail("inconsistent_ledger",
                     f"call {c.id}: the engine saw {c.prompt_len} prompt tokens but its chain gives {expect}: "
                     "the ledger is inconsistent"
                 )
@@ -189,9 +203,9 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         ))
 
     if not rows and not reasons:
-        reasons.append("no completed call to build a row from" if not calls else
+        fail("nothing_to_train", "no completed call to build a row from" if not calls else
                        "no accepted call: nothing of this rollout can be trained")
-    invalid_reason = "; ".join(dict.fromkeys(reasons)) if reasons else None
+    invalid_reason = "; ".join(dict.fromkeys(text for _, text in reasons)) if reasons else None
     if invalid_reason is not None:
         for r in rows:
             r.valid = False
@@ -221,4 +235,5 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         rows=rows, metrics=metrics, invalid_reason=invalid_reason, rollout_id=rollout.id,
         accepted=sorted(accepted, key=lambda i: by_id[i].ordinal),
         chains=[[c.id for c in ch] for ch in chains], matches=matches,
+        reason_kinds=list(dict.fromkeys(kind for kind, _ in reasons)),
     )

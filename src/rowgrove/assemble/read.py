@@ -20,7 +20,9 @@ from rowgrove.types import Call, Rollout
 _COLS = (
     "c.id, c.rollout_id, c.ordinal, c.parent_id, c.root, c.status, c.prompt_ids, c.prompt_len, "
     "c.sampled_ids, c.logprobs, c.finish_reason, c.request_hash, c.summary_hash, c.response_hash, "
-    "c.error"
+    # `error` is stored after the response body: reading it for every call would walk the body's
+    # overflow pages, so it is read only where there can be one
+    "CASE WHEN c.status != 'completed' THEN c.error END"
 )
 
 
@@ -56,12 +58,17 @@ def _connect_readonly(path: str) -> sqlite3.Connection | None:
     p = Path(path)
     if not p.exists():
         return None
-    return sqlite3.connect(f"file:{p.resolve()}?mode=ro", uri=True, isolation_level=None)
+    db = sqlite3.connect(f"file:{p.resolve()}?mode=ro", uri=True, isolation_level=None)
+    # token blobs span overflow pages: memory-mapped reads are about twice as fast as read()
+    db.execute("PRAGMA mmap_size=17179869184")
+    db.execute("PRAGMA cache_size=-262144")
+    return db
 
 
 def iter_finished(ledger: Ledger | str | Path) -> Iterator[tuple[Rollout, list[Call]]]:
-    """Every finished rollout with its calls, in creation order: one query for the rollouts and
-    one streaming query for all their calls."""
+    """Every finished rollout with its calls, in creation order, from one read snapshot: one query
+    for the rollouts, then one indexed query per rollout (a single joined query would sort every
+    blob in a temporary B-tree to keep the rollouts' order)."""
     path = ledger.path if isinstance(ledger, Ledger) else str(ledger)
     db = _connect_readonly(path)
     if db is None:
@@ -79,25 +86,9 @@ def iter_finished(ledger: Ledger | str | Path) -> Iterator[tuple[Rollout, list[C
                 f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE status='finished' ORDER BY created_at, id"
             )
         ]
-        cur = db.execute(
-            f"SELECT {_COLS} FROM rollouts r JOIN calls c ON c.rollout_id = r.id "
-            "WHERE r.status='finished' ORDER BY r.created_at, r.id, c.ordinal"
-        )
-        pending: tuple | None = None
+        sql = f"SELECT {_COLS} FROM calls c WHERE c.rollout_id=? ORDER BY c.ordinal"
         for ro in ros:
-            calls: list[Call] = []
-            if pending is not None:
-                if pending[1] != ro.id:
-                    yield ro, calls
-                    continue
-                calls.append(_call(pending))
-                pending = None
-            for r in cur:
-                if r[1] != ro.id:
-                    pending = r
-                    break
-                calls.append(_call(r))
-            yield ro, calls
+            yield ro, [_call(r) for r in db.execute(sql, (ro.id,))]
     finally:
         db.close()
 

@@ -132,7 +132,7 @@ def select_calls(record: Mapping[str, Any] | None, calls: Sequence[Call]) -> Sel
         positions: list[int] = []
         steps: list[list[Call]] = []
         for mi, msg in enumerate(conv):
-            if not isinstance(msg, Mapping) or msg.get("role") != "assistant":
+            if (type(msg) is not dict and not isinstance(msg, Mapping)) or msg.get("role") != "assistant":
                 continue
             cands = by_hash.get(message_hash(msg).hex(), [])
             if not cands:

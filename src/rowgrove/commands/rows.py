@@ -24,12 +24,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
 
 
-def _reason_key(reason: str) -> str:
-    """A reason without its specifics, for counting: the text before the first '(' or ':'."""
-    cut = min((i for i in (reason.find("("), reason.find(":")) if i > 0), default=len(reason))
-    return reason[:cut].strip()
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -50,9 +44,7 @@ def run(args: argparse.Namespace) -> int:
             built = build_rows(rollout, calls)
             n_rollouts += 1
             rows.extend(built.rows)
-            if built.invalid_reason:
-                for part in built.invalid_reason.split("; "):
-                    invalid[_reason_key(part)] += 1
+            invalid.update(built.reason_kinds)
     rows = assign_advantages(rows, estimator=args.estimator, scale_by_std=not args.no_std)
     write_rows(rows, args.out)
     if not args.quiet:
