@@ -1,0 +1,341 @@
+"""Benchmark: the capture gateway's cost over HTTP, against a baseline measured in the same run.
+
+    baseline   the same HTTP stack (Starlette + uvicorn + uvloop, same process setup) whose
+               chat-completions route reads the body and returns a fixed `chat.completion` JSON
+    gateway    rowgrove's app over a *null engine* (fixed reply tokens, zero logprobs, no model):
+               everything the gateway does per call (auth, parse, hash chain, decide, render the
+               new part, ledger pending + completed commits, parse the reply, build the response)
+               and nothing of the model, so the figure is the gateway's own cost. (The scripted
+               engine runs a teacher-forced forward pass per call; it is not used here.)
+
+Each server runs in its own process; the client is a raw asyncio-streams HTTP/1.1 keep-alive
+client (httpx tops out near 510 req/s, FACTS.md), one connection per rollout, each rollout a
+multi-turn conversation whose every request extends the previous one (a continuation).
+
+Figures (bench/results/gateway.json):
+ 1. added latency per call: server-side time (Server-Timing, from route entry to response built)
+    of gateway minus baseline, p50/p99, at 64 concurrent rollouts and at 1; end-to-end client
+    latencies and throughput of both reported beside it. Goal ≤ 0.5 ms p50 / ≤ 3 ms p99.
+ 2. call 200 vs call 1 of one conversation (sequential, server-side time; median over several
+    conversations per turn index). Goal ratio ≤ 1.2.
+ 3. ledger tokens stored / unique tokens over 100-turn rollouts, against storing the full prompt
+    per call. Goal ≤ 1.05.
+
+    .venv/bin/python bench/bench_gateway.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import orjson
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gateway.json"
+
+CANNED = orjson.dumps({
+    "id": "chatcmpl-canned", "object": "chat.completion", "created": 0, "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "reply"}, "logprobs": None,
+                 "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
+})
+
+
+# -- servers (run in a child process) -------------------------------------------------------------
+
+
+class NullEngine:
+    """Fixed reply tokens (`reply` + end-of-turn) with zero logprobs: no model, no thread hop."""
+
+    def __init__(self, tokenizer: Any):
+        from rowgrove.engines.base import Generation
+        from rowgrove.model.load import end_of_turn_id
+
+        self.tokenizer = tokenizer
+        ids = list(tokenizer.encode("reply", add_special_tokens=False)) + [end_of_turn_id(tokenizer)]
+        self._gen = Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
+
+    async def generate(self, prompt_ids, sampling, *, hints=None):
+        return self._gen
+
+    async def aclose(self) -> None:
+        pass
+
+
+def baseline_app():
+    """Starlette app with the gateway's route shapes returning canned JSON (reads the body)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def create(request: Request) -> Response:
+        await request.body()
+        base = str(request.base_url).rstrip("/")
+        return Response(orjson.dumps({"rollout_id": "ro_x", "base_url": f"{base}/rollouts/ro_x/v1",
+                                      "api_key": "k"}), 201, media_type="application/json")
+
+    async def chat(request: Request) -> Response:
+        t0 = time.perf_counter()
+        orjson.loads(await request.body())
+        return Response(CANNED, media_type="application/json",
+                        headers={"server-timing": f"gw;dur={(time.perf_counter() - t0) * 1000:.3f}"})
+
+    return Starlette(routes=[Route("/v1/rollouts", create, methods=["POST"]),
+                             Route("/rollouts/{rid}/v1/chat/completions", chat, methods=["POST"])])
+
+
+def run_server(kind: str, port: int, ledger: str) -> None:
+    import uvicorn
+
+    if kind == "baseline":
+        app = baseline_app()
+    else:
+        from rowgrove.gateway.app import create_app
+        from rowgrove.gateway.sessions import GatewaySettings
+        from rowgrove.ledger import Ledger
+        from rowgrove.model.load import load_tokenizer
+
+        engine = NullEngine(load_tokenizer("tiny"))
+        app = create_app(engine, Ledger(ledger), settings=GatewaySettings(max_queue=4096))
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", log_level="warning",
+                access_log=False, backlog=4096)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, kind: str, ledger: str):
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", kind, str(self.port), ledger],
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{kind} server did not start") from None
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+# -- client -----------------------------------------------------------------------------------------
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection: POST JSON, read status, headers and body."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int):
+        self.r, self.w, self.host = reader, writer, f"127.0.0.1:{port}"
+
+    @classmethod
+    async def open(cls, port: int) -> Conn:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        return cls(r, w, port)
+
+    async def post(self, path: str, body: bytes, key: str | None = None) -> tuple[int, dict[str, str], bytes]:
+        auth = f"Authorization: Bearer {key}\r\n" if key else ""
+        self.w.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\n{auth}Content-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        head = await self.r.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        data = await self.r.readexactly(int(headers["content-length"]))
+        return status, headers, data
+
+    def close(self) -> None:
+        self.w.close()
+
+
+def _server_ms(headers: dict[str, str]) -> float:
+    return float(headers["server-timing"].split("dur=")[1])
+
+
+async def conversation(port: int, turns: int, lat: list, srv: list, *, tag: int) -> None:
+    """One rollout: create it, then `turns` calls each extending the last (timed)."""
+    conn = await Conn.open(port)
+    try:
+        status, _, data = await conn.post("/v1/rollouts", orjson.dumps({"group_id": f"g{tag}"}))
+        assert status == 201, data
+        ro = orjson.loads(data)
+        path = urlsplit(ro["base_url"]).path + "/chat/completions"
+        messages: list[dict] = [{"role": "system", "content": "You are a terse agent."},
+                                {"role": "user", "content": f"task {tag}: count to three"}]
+        for t in range(turns):
+            body = orjson.dumps({"model": "m", "messages": messages, "max_tokens": 16})
+            t0 = time.perf_counter()
+            status, headers, data = await conn.post(path, body, ro["api_key"])
+            lat.append((t, (time.perf_counter() - t0) * 1000))
+            assert status == 200, data
+            srv.append((t, _server_ms(headers)))
+            msg = orjson.loads(data)["choices"][0]["message"]
+            messages = messages + [{"role": "assistant", "content": msg["content"]},
+                                   {"role": "user", "content": f"observation {t}: ok, next"}]
+    finally:
+        conn.close()
+
+
+async def drive(port: int, rollouts: int, concurrency: int, turns: int) -> dict[str, Any]:
+    lat: list = []
+    srv: list = []
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(k: int) -> None:
+        async with sem:
+            await conversation(port, turns, lat, srv, tag=k)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(k) for k in range(rollouts)))
+    wall = time.perf_counter() - t0
+    return {"lat": lat, "srv": srv, "wall_s": wall, "requests": len(lat)}
+
+
+def _pcts(xs: list[float]) -> dict[str, float]:
+    a = np.asarray(xs)
+    return {"p50_ms": round(float(np.percentile(a, 50)), 4), "p99_ms": round(float(np.percentile(a, 99)), 4),
+            "mean_ms": round(float(a.mean()), 4)}
+
+
+def _run(kind: str, ledger: str, fn) -> Any:
+    import uvloop
+
+    server = Server(kind, ledger)
+    try:
+        return uvloop.run(fn(server.port))
+    finally:
+        server.close()
+
+
+# -- the three figures ------------------------------------------------------------------------------
+
+
+def added_latency(concurrency: int, rollouts: int, turns: int, tmp: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"concurrency": concurrency, "rollouts": rollouts, "turns_per_rollout": turns}
+    for kind in ("baseline", "gateway"):
+        async def go(port: int) -> dict:
+            await drive(port, min(rollouts, concurrency), concurrency, 2)  # warm-up
+            return await drive(port, rollouts, concurrency, turns)
+
+        res = _run(kind, f"{tmp}/added-{kind}-{concurrency}.db", go)
+        out[kind] = {
+            "server": _pcts([ms for _, ms in res["srv"]]),
+            "end_to_end": _pcts([ms for _, ms in res["lat"]]),
+            "req_per_s": round(res["requests"] / res["wall_s"], 1),
+        }
+    b, g = out["baseline"], out["gateway"]
+    out["added_server_p50_ms"] = round(g["server"]["p50_ms"] - b["server"]["p50_ms"], 4)
+    out["added_server_p99_ms"] = round(g["server"]["p99_ms"] - b["server"]["p99_ms"], 4)
+    out["added_end_to_end_p50_ms"] = round(g["end_to_end"]["p50_ms"] - b["end_to_end"]["p50_ms"], 4)
+    out["added_end_to_end_p99_ms"] = round(g["end_to_end"]["p99_ms"] - b["end_to_end"]["p99_ms"], 4)
+    out["added_cpu_ms_per_call"] = round(1000 / g["req_per_s"] - 1000 / b["req_per_s"], 4) if concurrency > 1 else None
+    return out
+
+
+def long_conversation(turns: int, repeats: int, tmp: str) -> dict[str, Any]:
+    async def go(port: int) -> dict:
+        await drive(port, 1, 1, 3)  # warm-up
+        return await drive(port, repeats, 1, turns)
+
+    res = _run("gateway", f"{tmp}/long.db", go)
+    by_turn = np.full((repeats, turns), np.nan)
+    counts = [0] * turns
+    for t, ms in res["srv"]:
+        by_turn[counts[t], t] = ms
+        counts[t] += 1
+    med = np.nanmedian(by_turn, axis=0)
+    window = 10
+    first = float(med[1:1 + window].mean())   # continuations 2..11
+    last = float(med[turns - window:].mean())  # the last ten calls
+    return {
+        "turns": turns, "repeats": repeats,
+        "call_1_ms": round(float(med[0]), 4),
+        f"calls_2_to_{1 + window}_ms": round(first, 4),
+        f"calls_{turns - window + 1}_to_{turns}_ms": round(last, 4),
+        f"call_{turns}_over_call_1": round(float(med[-1] / med[0]), 3),
+        "last10_over_first10_continuations": round(last / first, 3),
+        "median_ms_by_turn_every_20": [round(float(x), 4) for x in med[::20]],
+    }
+
+
+def storage(turns: int, rollouts: int, tmp: str) -> dict[str, Any]:
+    from rowgrove.ledger import Ledger
+
+    path = f"{tmp}/storage.db"
+    _run("gateway", path, lambda port: drive(port, rollouts, rollouts, turns))
+    stored = unique = full = 0
+    with Ledger(path, readonly=True) as led:
+        for ro in led.rollouts():
+            calls = led.calls(ro.id)
+            stored += sum(len(c.prompt_ids) + len(c.sampled_ids) for c in calls)
+            full += sum(c.prompt_len + len(c.sampled_ids) for c in calls)
+            last = calls[-1]
+            unique += last.prompt_len + len(last.sampled_ids)  # a linear conversation: its final context
+            assert all(not c.root for c in calls[1:]), "every later turn should be a continuation"
+    return {"turns": turns, "rollouts": rollouts, "stored_tokens": stored, "unique_tokens": unique,
+            "full_prompt_per_call_tokens": full, "stored_over_unique": round(stored / unique, 4),
+            "full_prompt_over_unique": round(full / unique, 2)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    p.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "LEDGER"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve:
+        run_server(args.serve[0], int(args.serve[1]), args.serve[2])
+        return {}
+    q = args.quick
+    with tempfile.TemporaryDirectory(prefix="rowgrove-bench-gw-") as tmp:
+        results = {
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                        "load_avg_at_start": os.getloadavg()[0]},
+            "engine": "null (fixed tokens, zero logprobs): the figures are the gateway's own cost",
+            "client": "raw asyncio-streams HTTP/1.1 keep-alive, one connection per rollout",
+            "added_latency_c64": added_latency(64, 64 if q else 128, 4 if q else 16, tmp),
+            "added_latency_c1": added_latency(1, 4 if q else 16, 8 if q else 32, tmp),
+            "call_200_vs_call_1": long_conversation(60 if q else 200, 2 if q else 5, tmp),
+            "storage_100_turns": storage(30 if q else 100, 4 if q else 8, tmp),
+        }
+    c64, c1, long_, st = (results[k] for k in ("added_latency_c64", "added_latency_c1", "call_200_vs_call_1",
+                                               "storage_100_turns"))
+    print(json.dumps(results, indent=1))
+    print(f"added server-side latency at 64 concurrent rollouts: p50 {c64['added_server_p50_ms']:.3f} ms, "
+          f"p99 {c64['added_server_p99_ms']:.3f} ms (goal <= 0.5 / 3 ms)")
+    print(f"added server-side latency at 1: p50 {c1['added_server_p50_ms']:.3f} ms, p99 {c1['added_server_p99_ms']:.3f} ms; "
+          f"throughput at 64: gateway {c64['gateway']['req_per_s']} vs baseline {c64['baseline']['req_per_s']} req/s")
+    print(f"call {long_['turns']} / call 1: {next(v for k, v in long_.items() if k.endswith('_over_call_1'))}; "
+          f"last 10 / first 10 continuations: {long_['last10_over_first10_continuations']} (goal <= 1.2)")
+    print(f"ledger stored / unique tokens: {st['stored_over_unique']} (goal <= 1.05); "
+          f"full prompt per call would be {st['full_prompt_over_unique']}x")
+    results["quick"] = q
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
