@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,11 +34,12 @@ def run(args: argparse.Namespace) -> int:
     from rowgrove.assemble.read import count_finished, iter_finished
     from rowgrove.ledger import Ledger
 
-    _format(__import__("pathlib").Path(args.out))  # refuse a bad suffix before reading anything
+    _format(Path(args.out))  # refuse a bad suffix before reading anything
     with Ledger(args.ledger, readonly=True) as ledger:
         total = count_finished(ledger)
         show_bar = not args.quiet and sys.stderr.isatty() and total >= 200
-        rows, invalid = [], Counter()
+        rows = []
+        invalid: Counter[str] = Counter()
         n_rollouts = 0
         for rollout, calls in tqdm(iter_finished(ledger), total=total, disable=not show_bar,
                                    unit="rollout", file=sys.stderr, desc="rows"):
