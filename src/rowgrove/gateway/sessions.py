@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rowgrove.engines.base import Engine
-from rowgrove.errors import AuthError, BadRequest, Conflict, EngineError, NotFound, Overloaded
+from rowgrove.errors import AuthError, BadRequest, Conflict, EngineError, Overloaded
 from rowgrove.gateway.decide import (
     Decision,
     RolloutIndex,
