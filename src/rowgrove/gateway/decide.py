@@ -24,6 +24,7 @@ their own parent, since the parent is looked up by the request's own messages.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ NOT_SPLITTABLE = "template not splittable"
 PARENT_NO_EOT = "parent ended without end-of-turn"
 
 RECENT_CONTEXTS = 4  # contexts kept whole per rollout (the rest are rebuilt from segments)
+SNAPSHOTS = 2        # recent requests kept as JSON bytes per rollout, for the prefix shortcut
 
 
 @dataclass
@@ -106,7 +108,9 @@ class RolloutIndex:
         self._nodes: dict[str, _Node] = {}
         self._by_summary: dict[str, list[str]] = {}
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
-        self._memo: dict[tuple[bytes, bytes], bytes] = {}
+        self._memo: dict[tuple[Any, bytes], tuple[bytes, int]] = {}
+        self._states = itertools.count(1)
+        self._snapshots: list[_Snapshot] = []
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -122,18 +126,30 @@ class RolloutIndex:
 
         With `parent_id` (the decision's parent, already in the index) only what the call added
         after the parent's context is stored; the parent's context must be a prefix of
-        `context_ids` (checked when the parent's context is at hand, else trusted; a length that
-        cannot hold it stores the context whole)."""
+        `context_ids` (spot-checked at both ends; a context that fails the check is stored
+        whole). A list is kept as given (the recent-context cache shares it): do not mutate it."""
         if call_id in self._nodes:
             raise BadRequest(f"call {call_id} is already in the rollout index: add each call once")
-        ctx = context_ids.tolist() if isinstance(context_ids, np.ndarray) else list(context_ids)
+        ctx = context_ids.tolist() if isinstance(context_ids, np.ndarray) else context_ids
+        if not isinstance(ctx, list):
+            ctx = list(ctx)
         parent = self._nodes.get(parent_id) if parent_id is not None else None
-        if parent is not None:
-            held = self._recent.get(parent.call_id)
-            if len(ctx) < parent.length or (held is not None and ctx[: parent.length] != held):
-                parent = None
+        if parent is not None and not self._extends(ctx, parent):
+            parent = None
         start = parent.length if parent is not None else 0
         self._insert(_Node(call_id, parent, np.asarray(ctx[start:], dtype=np.int32)), summary_hash, ctx)
+
+    def _extends(self, ctx: list[int], parent: _Node) -> bool:
+        """Whether `ctx` can start with `parent`'s context: long enough, and equal to it at both
+        ends of the parent's span when that context is at hand (a spot check, O(1))."""
+        n = parent.length
+        if len(ctx) < n:
+            return False
+        held = self._recent.get(parent.call_id)
+        if held is None:
+            return ctx[n - 1] == parent.last if n else True
+        w = min(n, 64)
+        return ctx[:w] == held[:w] and ctx[n - w:n] == held[n - w:n]
 
     def add_completed(self, call: Call) -> None:
         """Record a completed `Call` from the ledger: context = its parent's context (a
@@ -218,28 +234,63 @@ class RolloutIndex:
     # -- hashing --------------------------------------------------------------------------------
 
     def chain(self, messages: Sequence[Any], h0: bytes) -> list[bytes]:
-        """[h_1, ..., h_n] for `messages` after `h0`, validating each message the first time this
-        rollout sees it (BadRequest as `validate_messages` raises). A message already hashed after
-        the same prefix is looked up, not canonicalized again."""
+        """[h_1, ..., h_n] for `messages` after `h0`, validating each message (BadRequest as
+        `validate_messages` raises) unless this rollout already saw the same raw prefix.
+
+        Two memos, both keyed by exact raw JSON bytes (tool-call ids included), so a hit means the
+        messages were hashed and validated before in the very same context:
+        - a recent request whose messages the new one starts with (compared as bytes of the whole
+          list: one C-speed dumps and a memcmp, no per-message Python work for the prefix);
+        - per message, keyed by (raw prefix identity, the message's bytes), for branches and
+          retries that share a prefix with an older request.
+        Only the remaining new messages are canonicalized and checked."""
         memo = self._memo
         out: list[bytes] = []
         h = h0
-        for i, m in enumerate(messages):
+        state: Any = h0  # identity of the raw prefix so far
+        start = 0
+        try:
+            blob: bytes | None = orjson.dumps(messages)
+        except (orjson.JSONEncodeError, TypeError):
+            blob = None
+        if blob is not None:
+            for snap in self._snapshots:
+                if snap.h0 == h0 and start < snap.n <= len(messages) and (
+                        blob == snap.blob if snap.n == len(messages) else blob.startswith(snap.opened)):
+                    start, out, state = snap.n, list(snap.chain), snap.state
+                    h = out[-1]
+        for i in range(start, len(messages)):
+            m = messages[i]
             try:
-                key = (h, orjson.dumps(m))
+                key: tuple[Any, bytes] | None = (state, orjson.dumps(m))
             except (orjson.JSONEncodeError, TypeError):
                 key = None
-            got = memo.get(key) if key is not None else None
-            if got is not None and m.get("role") == "tool":
-                _check_message(messages, i)  # its tool_call_id must answer a call of *this* prefix
-            elif got is None:
+            hit = memo.get(key) if key is not None else None
+            if hit is None:
                 _check_message(messages, i)
-                got = chain_step(h, message_hash(m))
+                h = chain_step(h, message_hash(m))
+                state = next(self._states)
                 if key is not None:
-                    memo[key] = got
-            out.append(got)
-            h = got
+                    memo[key] = (h, state)
+            else:
+                h, state = hit
+            out.append(h)
+        if blob is not None and start < len(messages):
+            self._snapshots.insert(0, _Snapshot(h0, blob, len(messages), tuple(out), state))
+            del self._snapshots[SNAPSHOTS:]
         return out
+
+
+class _Snapshot:
+    """A recent request of the rollout as JSON bytes, with its chain: a later request whose bytes
+    start with these messages (the usual case: the previous request + the reply + new messages)
+    reuses the chain after one C-speed `orjson.dumps` and a byte comparison."""
+
+    __slots__ = ("blob", "chain", "h0", "n", "opened", "state")
+
+    def __init__(self, h0: bytes, blob: bytes, n: int, chain: tuple[bytes, ...], state: Any):
+        self.h0, self.blob, self.n, self.chain, self.state = h0, blob, n, chain, state
+        self.opened = blob[:-1] + b","  # "[m1,...,mn," : what a longer request starts with
 
 
 # -- the decision ----------------------------------------------------------------------------------

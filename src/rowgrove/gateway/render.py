@@ -18,12 +18,17 @@ ends with an assistant turn:
     new part = ids[P:]
 
 and the answer must not depend on the probe: a second, structurally different probe (a system
-message, an earlier exchange, an assistant turn with a tool call) must give the same ids. That second
+message, an earlier exchange, an assistant turn with a tool call) must give the same ids. That
 check is about the template's structure, so it runs once per (tools, options, shape of the new
-messages) and is cached; the first check runs on every call. Any failure makes
-`render_continuation` return None and the gateway start a root instead.
+messages) and is cached, together with a tokenization of the whole probe rendering. On later calls
+of a known shape the text check runs again, and only end-of-turn + new part is tokenized: exact
+when the end-of-turn token cuts the text (an added token matched on raw text that strips no
+whitespace, checked once per tokenizer); for other tokenizers the whole probe rendering is
+tokenized on every call. Any failure makes `render_continuation` return None and the gateway start
+a root instead.
 
-Cost: a continuation renders and tokenizes the probe plus the new messages, never the history.
+Cost: a continuation renders the probe plus the new messages and tokenizes the new part, never
+the history.
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ class Renderer:
         self.end_of_turn_text: str = tokenizer.decode([self.end_of_turn_id], skip_special_tokens=False)
         # The end-of-turn string must come back as that single id, or the boundary can't be found.
         self._eot_single = self._encode(self.end_of_turn_text) == [self.end_of_turn_id]
+        self._eot_splits = _splits_text(tokenizer, self.end_of_turn_id)
         self._probes: dict[bytes, tuple[_Probe, _Probe]] = {}
         self._shapes: dict[tuple[bytes, tuple[Any, ...]], bool] = {}
 
@@ -154,13 +160,13 @@ class Renderer:
         if not (first.ok and second.ok):
             return None
         new = list(new_messages)
-        ids = self._after_probe(first, new, tools, opts)
-        if ids is None:
-            return None
         shape = (key, _shape(new))
         verdict = self._shapes.get(shape)
+        ids = self._after_probe(first, new, tools, opts, whole=verdict is None or not self._eot_splits)
+        if ids is None:
+            return None
         if verdict is None:
-            verdict = ids == self._after_probe(second, new, tools, opts)
+            verdict = ids == self._after_probe(second, new, tools, opts, whole=True)
             self._shapes[shape] = verdict
         return ids if verdict else None
 
@@ -186,19 +192,39 @@ class Renderer:
         return _Probe(messages, prefix, ids)
 
     def _after_probe(self, probe: _Probe, new: list[Any], tools: Sequence[Any] | None,
-                     opts: dict[str, Any]) -> list[int] | None:
-        """The ids the template writes after `probe`'s end-of-turn when `new` follows, or None."""
+                     opts: dict[str, Any], *, whole: bool) -> list[int] | None:
+        """The ids the template writes after `probe`'s end-of-turn when `new` follows, or None.
+
+        `whole`: tokenize the whole probe rendering and require it to start with the probe's own
+        ids (no merge across the boundary). Otherwise, when the end-of-turn token splits the text
+        (checked once, `_splits_text`), tokenize only end-of-turn + the rest: the same ids at a
+        cost that does not include the probe."""
         try:
             text = self.render_text(probe.messages + new, tools, opts, add_generation_prompt=True)
         except (BadRequest, ValueError, TypeError):
             return None
         if not text.startswith(probe.prefix_text):
             return None
-        ids = self._encode(text)
-        n = len(probe.prefix_ids)
-        if len(ids) <= n or ids[:n] != probe.prefix_ids:
+        if whole:
+            ids = self._encode(text)
+            n = len(probe.prefix_ids)
+            if len(ids) <= n or ids[:n] != probe.prefix_ids:
+                return None
+            return ids[n:]
+        ids = self._encode(self.end_of_turn_text + text[len(probe.prefix_text):])
+        if len(ids) <= 1 or ids[0] != self.end_of_turn_id:
             return None
-        return ids[n:]
+        return ids[1:]
+
+
+def _splits_text(tokenizer: Any, token_id: int) -> bool:
+    """Whether the added token `token_id` cuts the text it appears in, so that what follows it is
+    tokenized independently of what precedes it: matched on raw text (not normalized), eating no
+    whitespace on either side, not restricted to whole words."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}).get(token_id)
+    if added is None:
+        return False
+    return not (added.normalized or added.lstrip or added.rstrip or added.single_word)
 
 
 def _shape(messages: list[Any]) -> tuple[Any, ...]:
