@@ -349,6 +349,34 @@ def test_chain_equals_reference_and_memo_sees_edits(renderer):
     assert index.chain(noisy, h0) == chain_hashes(msgs, h0)
 
 
+_POOL = [{"role": "user", "content": "u1"}, {"role": "user", "content": "u2"}, {"role": "assistant", "content": "a1"},
+         {"role": "assistant", "content": "a2", "refusal": None}, {"role": "system", "content": "s"},
+         {"role": "user", "content": [{"type": "text", "text": "u1"}]}]
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["extend", "branch", "edit", "same"]), st.integers(0, 50),
+                              st.lists(st.integers(0, len(_POOL) - 1), min_size=1, max_size=3),
+                              st.booleans()), min_size=1, max_size=12))
+def test_property_memoized_chain_equals_reference(ops):
+    """Whatever the sequence of requests (extensions, branches from older requests, in-place edits,
+    repeats, changed tools), the memoized chain equals hashing every message from scratch."""
+    index = RolloutIndex()
+    history: list[list[dict]] = [[dict(_POOL[0])]]
+    for kind, at, picks, tools in ops:
+        prev = history[-1] if kind != "branch" else history[at % len(history)]
+        if kind == "same":
+            req = list(prev)
+        elif kind == "edit":
+            req = list(prev)
+            req[at % len(req)]["content"] = f"edited {at}"  # in place: the same dict objects change
+        else:
+            req = prev[: max(1, at % (len(prev) + 1))] + [dict(_POOL[p]) for p in picks]
+        h0 = chain_start(TOOLS if tools else None, None)
+        assert index.chain(req, h0) == chain_hashes(req, h0)
+        history.append(req)
+
+
 def test_memo_hit_still_checks_tool_call_ids():
     index = RolloutIndex()
     h0 = chain_start(None, None)
