@@ -192,3 +192,21 @@ def test_assign_refuses_inconsistent_rollouts(rows, pattern):
 def test_assign_unknown_estimator():
     with pytest.raises(InputError, match="unknown estimator"):
         assign_advantages([row("a", "p", 1.0)], estimator="mean")
+
+
+def test_str_ids_survive_a_hash_collision(monkeypatch):
+    # the str path groups by hash and then checks exactly; force every hash to collide
+    import rowgrove.algo.advantages as adv_mod
+
+    rewards, gids = [1.0, 0.0, 3.0, 5.0, 2.0, 2.0], ["a", "b", "a", "b", "c", "b"]
+    expected = group_advantages(rewards, gids)
+    monkeypatch.setattr(adv_mod, "hash", lambda _: 7, raising=False)
+    np.testing.assert_array_equal(group_advantages(rewards, gids), expected)
+    assert expected[4] == 0.0 and expected[0] == -expected[2]
+
+
+def test_mixed_and_unhashable_ids():
+    np.testing.assert_array_equal(group_advantages([1.0, 0.0, 2.0], ["1", 1, "1"], estimator="dr_grpo"),
+                                  [-0.5, 0.0, 0.5])
+    with pytest.raises(InputError, match="hashable"):
+        group_advantages([1.0, 0.0], [["p"], ["p"]])

@@ -34,9 +34,10 @@ _DENSE_RANGE_FACTOR = 4
 def _factorize(group_ids: object, n: int) -> tuple[np.ndarray, int, np.ndarray]:
     """Map ids to bin numbers: `(codes_R, B, missing_R)`, `missing_R` true where the id is None.
 
-    Bins need not be contiguous (empty bins are harmless to bincount), which lets both paths stay
-    linear: integer arrays of modest range use `id - min`; anything else goes through one dict
-    built at C level, where a new id's bin is the position of its first occurrence.
+    Bins need not be contiguous (empty bins are harmless to bincount). Integer ids of modest range
+    use `id - min` (linear); str ids are sorted by hash and checked exactly; anything else (and a
+    failed check) goes through one dict built at C level, where a new id's bin is the position of
+    its first occurrence.
     """
     if isinstance(group_ids, np.ndarray) and group_ids.dtype.kind in "iub":
         ids_R = group_ids.reshape(-1).astype(np.int64, copy=False)
@@ -54,6 +55,26 @@ def _factorize(group_ids: object, n: int) -> tuple[np.ndarray, int, np.ndarray]:
         as_array = np.asarray(ids)
         if as_array.dtype.kind in "iu":
             return _factorize(as_array, n)
+    if ids and type(ids[0]) is str:
+        # str ids: group by Python's hash with one vectorized sort, then check exactly, as fixed-
+        # width text, that every rollout equals its group's first member. A None, a non-str id or
+        # a hash collision fails the check and falls through to the dict below. Measured faster
+        # than the dict and more robust when other processes share the cache (bench_advantages).
+        try:
+            hashes_R = np.fromiter(map(hash, ids), dtype=np.int64, count=n)
+        except TypeError as e:
+            raise InputError(f"group ids must be hashable (str or int): {e}") from None
+        order_R = np.argsort(hashes_R)
+        sorted_R = hashes_R[order_R]
+        starts_R = np.empty(n, bool)
+        starts_R[:1] = True
+        np.not_equal(sorted_R[1:], sorted_R[:-1], out=starts_R[1:])
+        codes_R = np.empty(n, np.intp)
+        codes_R[order_R] = np.cumsum(starts_R) - 1
+        member_G = order_R[starts_R]  # one rollout of each hash bin
+        text_R = np.asarray(ids)
+        if text_R.dtype.kind == "U" and bool((text_R == text_R[member_G][codes_R]).all()):
+            return codes_R, len(member_G), np.zeros(n, bool)
     first: dict[Hashable, int] = {}
     try:
         codes_R = np.fromiter(map(first.setdefault, ids, range(n)), dtype=np.intp, count=n)
