@@ -81,3 +81,15 @@ def test_finish_once_and_survive_reopen(tmp_path):
             led.get_rollout("nope")
     with pytest.raises(NotFound, match="does not exist"):
         Ledger(tmp_path / "missing.sqlite", readonly=True)
+
+
+def test_calls_need_an_existing_rollout_and_ordinals_survive_reopen(tmp_path):
+    path = tmp_path / "l.sqlite"
+    with Ledger(path) as led:
+        with pytest.raises(NotFound, match="rollout ghost not found"):
+            led.begin_call("ghost", parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
+        ro = led.create_rollout("g")
+        led.begin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
+    with Ledger(path) as led:
+        again = led.begin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
+        assert again.ordinal == 2

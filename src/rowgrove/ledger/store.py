@@ -148,6 +148,7 @@ class Ledger:
                 f"reads version {SCHEMA_VERSION}: use a fresh ledger file"
             )
         self._lock = threading.RLock()
+        self._next_ordinal: dict[str, int] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -247,11 +248,14 @@ class Ledger:
         cid = call_id or "chatcmpl-" + secrets.token_hex(12)
         blob = pack_ids(prompt_ids)
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            # Ordinals are counted in memory after the first call of a rollout: this process is
+            # the ledger's only writer, and UNIQUE(rollout_id, ordinal) guards the assumption.
+            ordinal = self._next_ordinal.get(rollout_id)
+            if ordinal is None:
                 (ordinal,) = self._db.execute(
                     "SELECT COALESCE(MAX(ordinal), 0) + 1 FROM calls WHERE rollout_id=?", (rollout_id,)
                 ).fetchone()
+            try:
                 self._db.execute(
                     "INSERT INTO calls(id, rollout_id, ordinal, parent_id, root, status, prompt_ids, "
                     "prompt_len, request_hash, request_key, created_at) "
@@ -259,10 +263,15 @@ class Ledger:
                     (cid, rollout_id, ordinal, parent_id, int(parent_id is None), blob, prompt_len,
                      request_hash, request_key, now),
                 )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            except sqlite3.IntegrityError as e:
+                self._next_ordinal.pop(rollout_id, None)
+                if "FOREIGN KEY" in str(e):
+                    raise NotFound(f"rollout {rollout_id} not found: create it with POST /v1/rollouts") from None
+                raise Conflict(
+                    f"call {cid} of rollout {rollout_id} could not be recorded (ordinal {ordinal} taken): "
+                    "only one process may write a ledger"
+                ) from None
+            self._next_ordinal[rollout_id] = ordinal + 1
         return Call(
             id=cid, rollout_id=rollout_id, ordinal=ordinal, parent_id=parent_id,
             root=parent_id is None, status="pending", prompt_ids=unpack_ids(blob),
