@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rowgrove.errors import BadRequest
+from rowgrove.errors import BadRequest, RowgroveError
 from rowgrove.gateway import decide as D
 from rowgrove.gateway.decide import Decision, RolloutIndex, decide, response_message, summary_hashes, validate_messages
 from rowgrove.hashing import chain_hashes, chain_start
@@ -120,7 +120,7 @@ def conversations(draw):
 
 
 @pytest.mark.parametrize("variant", ["chatml", "llama3"])
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(conv=conversations())
 def test_property_incremental_continuation_equals_full_rendering(renderers, variant, conv):
     renderer = renderers[variant]
@@ -517,7 +517,7 @@ def test_index_stores_segments_and_rebuilds_old_contexts():
     # a context that does not extend the claimed parent is stored whole
     index.add_call("odd", "sx", [5, 5], parent_id="k9")
     assert index.context("odd").tolist() == [5, 5]
-    with pytest.raises(BadRequest, match="already in the rollout index"):
+    with pytest.raises(RowgroveError, match="already in the rollout index"):
         index.add_call("odd", "sx", [5, 5])
 
 

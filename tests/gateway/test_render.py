@@ -124,3 +124,21 @@ def test_a_tokenizer_without_template_is_refused(renderers):
     tok.chat_template = None
     with pytest.raises(InputError, match="no chat template"):
         Renderer(tok)
+
+
+def test_new_part_only_tokenization_equals_whole_probe_tokenization(renderer):
+    """The fast path (tokenize end-of-turn + new part once a shape is checked) gives the ids the
+    whole probe rendering gives."""
+    slow = Renderer(renderer.tokenizer, end_of_turn_id=renderer.end_of_turn_id)
+    slow._eot_splits = False
+    assert renderer._eot_splits
+    news = [
+        [{"role": "user", "content": "plain"}],
+        [{"role": "user", "content": " leading space and trailing \n"}],
+        [{"role": "tool", "tool_call_id": "c1", "content": "{\"x\": 1}"}, {"role": "user", "content": "ok"}],
+        [{"role": "user", "content": [{"type": "text", "text": "parts"}, {"type": "text", "text": " two"}]}],
+    ]
+    for tools in (None, TOOLS):
+        for new in news:
+            for _ in range(2):  # the second time takes the fast path
+                assert renderer.render_continuation(new, tools) == slow.render_continuation(new, tools) is not None

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from rowgrove.errors import BadRequest
+from rowgrove.errors import BadRequest, RowgroveError
 from rowgrove.hashing import ROLES, chain_start, chain_step, message_hash
 from rowgrove.types import Call
 
@@ -129,7 +129,7 @@ class RolloutIndex:
         `context_ids` (spot-checked at both ends; a context that fails the check is stored
         whole). A list is kept as given (the recent-context cache shares it): do not mutate it."""
         if call_id in self._nodes:
-            raise BadRequest(f"call {call_id} is already in the rollout index: add each call once")
+            raise RowgroveError(f"call {call_id} is already in the rollout index: add each call once")
         ctx = context_ids.tolist() if isinstance(context_ids, np.ndarray) else context_ids
         if not isinstance(ctx, list):
             ctx = list(ctx)
