@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/rowgrove demo
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(VENV)/bin/rowgrove bench
