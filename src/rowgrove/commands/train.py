@@ -1,0 +1,75 @@
+"""`rowgrove train`: the reference GRPO trainer (rowgrove.train.loop.train) on a config.
+
+    rowgrove train --config examples/demo.yaml --out runs/a
+    rowgrove train --config examples/gpu.yaml --model /models/Qwen3-0.6B --device cuda --out runs/b
+    rowgrove train --resume runs/a                      # continue after the last checkpoint
+    rowgrove train --resume runs/a --set steps=40       # ... and run longer
+
+Precedence: the YAML file, then explicit flags, then `--set key=value` (values parsed as YAML;
+`agent.compaction=keep_last_rounds` sets one agent option). With --resume the run's own
+config.json is the base.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags `train` and `demo` share."""
+    p.add_argument("--out", help="run directory (metrics.jsonl, ledger.sqlite, checkpoints/, report.html)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="set any config field, e.g. --set lr=1e-3 --set agent.compaction=collapse_env")
+    p.add_argument("--seed", type=int, help="seed for prompts, sampling, model init")
+    p.add_argument("--steps", type=int, help="GRPO steps")
+    p.add_argument("--device", help="torch device: cpu, cuda, cuda:1")
+    p.add_argument("--threads", type=int, help="torch threads for the one process (0 = torch default)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file of TrainConfig fields (see examples/)")
+    p.add_argument("--model", help='"tiny-task", "tiny" or a Hugging Face model directory')
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    add_config_arguments(p)
+
+
+def overrides_from(args: argparse.Namespace) -> list[str]:
+    """Explicit flags as key=value overrides, followed by --set ones."""
+    out = []
+    for key in ("out", "seed", "steps", "device", "threads", "model"):
+        value = getattr(args, key, None)
+        if value is not None:
+            out.append(f"{key}={value}")
+    if getattr(args, "no_progress", False):
+        out.append("progress=false")
+    return out + list(args.overrides)
+
+
+def print_summary(summary: object) -> None:
+    table = summary.table()  # type: ignore[attr-defined]
+    width = max(len(k) for k in table)
+    print()
+    for k, v in table.items():
+        print(f"  {k:<{width}}  {v:.3f}" if isinstance(v, float) else f"  {k:<{width}}  {v}")
+    print(f"\nreport: {summary.report}")  # type: ignore[attr-defined]
+
+
+def run(args: argparse.Namespace) -> int:
+    from rowgrove.errors import InputError
+    from rowgrove.train.config import load_config
+    from rowgrove.train.loop import train
+
+    if args.resume:
+        if args.config:
+            raise InputError("--resume takes the run's own config.json: drop --config (use --set to change fields)")
+        run_dir = Path(args.resume)
+        base = load_config(run_dir / "config.json")
+        cfg = load_config(None, [f"out={run_dir}", *overrides_from(args)], base=base)
+        summary = train(cfg, resume=True)
+    else:
+        cfg = load_config(args.config, overrides_from(args))
+        summary = train(cfg)
+    print_summary(summary)
+    return 0

@@ -1,0 +1,328 @@
+"""The reference GRPO loop, short enough to read in one sitting.
+
+Which GRPO this is: on-policy rollouts (one engine sampling with the current weights), group-
+relative advantages per prompt (`estimator`: grpo (r - mean) / std, dr_grpo r - mean, or rloo),
+the PPO-clip surrogate against the engine's own logprobs (ratio = exp(logp_policy - logp_engine)
+on every sampled token), no KL penalty and no reference model, several optimizer updates per step
+when the rollouts fill several mini-batches.
+
+    for step:
+        prompts ──► n rollouts each, run concurrently by the reference agent (compaction,
+                    resampling) through the gateway, which serves the HF engine in this process
+        ledger  ──► rows (rowgrove.assemble.rollout_rows: one row per chain of accepted calls)
+        rows    ──► assign_advantages (one advantage per rollout, baseline per group_id)
+                ──► minibatches of whole rollouts ──► per mini-batch: loss_weights, packed
+                    micro-batches, backward on each, ONE optimizer step
+        policy  ──► engine.update_weights(state_dict)
+
+Every divisor of the loss (nothing else divides it):
+- token-mean (default): each trained token of a mini-batch weighs 1 / T, T = the tokens with loss
+  mask 1 of the mini-batch's valid rollouts (all rows, all micro-batches).
+- rollout-mean: each valid rollout weighs 1 / R (R = valid rollouts of the mini-batch with a
+  trained token) and shares it over its own T_r tokens: 1 / (R * T_r).
+- Micro-batches and gradient accumulation divide by nothing: the step loss is the plain sum of
+  weight * per-token loss, so the number of micro-batches and of rows per rollout is invisible.
+- The advantage's own divisor is the group's reward std when `scale_by_std` (grpo only).
+Invalid rollouts (a broken episode, rows that do not match the record) weigh 0 and are counted.
+
+Generation and training alternate in one process and one torch thread pool (FACTS.md: two pools
+on 2 cores slow both ~50x): rollouts run while the trainer waits; the update runs while the
+engine is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rowgrove.errors import InputError
+from rowgrove.train.config import TrainConfig, config_hash
+from rowgrove.types import Row
+
+
+@dataclass
+class RunSummary:
+    """What a finished (or resumed-and-finished) run reports."""
+
+    run_dir: Path
+    steps: int
+    reward_first: float
+    reward_last: float
+    eval_before: float | None
+    eval_after: float | None
+    rows_per_rollout: float
+    tokens_generated: int
+    tokens_trained: int
+    seconds: float
+    report: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def table(self) -> dict[str, Any]:
+        """The summary as an ordered dict for printing and the report."""
+        d = {
+            "steps": self.steps,
+            "reward, first step (mean of rollouts)": self.reward_first,
+            "reward, last step": self.reward_last,
+            "eval reward after warm-up (step 0)": self.eval_before,
+            "eval reward after GRPO": self.eval_after,
+            "rows per rollout": self.rows_per_rollout,
+            "tokens generated": self.tokens_generated,
+            "tokens trained": self.tokens_trained,
+            "seconds": self.seconds,
+        }
+        d.update(self.extra)
+        return {k: v for k, v in d.items() if v is not None}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _mix(*parts: int) -> int:
+    """A deterministic 63-bit seed from integers."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) % 2**64
+    return h % 2**63
+
+
+# ---- the model: tiny (with the task's corpus) or a HF dir, warmed up and cached --------------
+
+def prepare_model_dir(cfg: TrainConfig, log: Any = print) -> Path:
+    """The directory of the model GRPO starts from: the base model, after the supervised
+    warm-up when `warmup_sft_steps` > 0. Both are cached (the warm-up by a hash of everything
+    that determines it), so a second run starts in seconds."""
+    from rowgrove.model.load import load_model, model_dir
+    from rowgrove.train.warmup import save_model_dir, warm_model_dir, warm_up
+
+    if cfg.model == "tiny-task":
+        from rowgrove.envs import task_corpus
+        from rowgrove.model.tiny import tiny_model_dir
+
+        base = tiny_model_dir(seed=cfg.seed, layers=cfg.tiny_layers, hidden=cfg.tiny_hidden,
+                              extra_corpus=tuple(task_corpus(cfg.env)))
+    else:
+        base = model_dir(cfg.model)
+    if cfg.warmup_sft_steps == 0:
+        return base
+    key = config_hash({"base": str(base.resolve()), "env": cfg.env, "steps": cfg.warmup_sft_steps,
+                       "lr": cfg.warmup_sft_lr, "batch": cfg.warmup_sft_batch, "policy": cfg.warmup_policy,
+                       "seed": cfg.seed, "dtype": cfg.dtype, "agent": _agent_config(cfg).__dict__, "v": 2})
+    out = warm_model_dir(base, key)
+    if (out / "rowgrove-warm.done").exists():
+        return out
+    t0 = time.time()
+    model, tok = load_model(str(base), device=cfg.device, dtype=cfg.dtype)
+    losses = warm_up(model, tok, cfg.env, steps=cfg.warmup_sft_steps, batch=cfg.warmup_sft_batch,
+                     lr=cfg.warmup_sft_lr, seed=cfg.seed, policy=cfg.warmup_policy,
+                     agent_config=_agent_config(cfg))
+    save_model_dir(model, tok, out)
+    log(f"warm-up: {cfg.warmup_sft_steps} SFT steps on {cfg.env} transcripts ({cfg.warmup_policy} policy), "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {time.time() - t0:.1f}s")
+    return out
+
+
+# ---- rollouts ---------------------------------------------------------------------------------
+
+def _agent_config(cfg: TrainConfig) -> Any:
+    from rowgrove.agents import AgentConfig
+
+    opts = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens, **dict(cfg.agent)}
+    return AgentConfig(**opts)
+
+
+def run_group_rollouts(gateway_url: str, cfg: TrainConfig, tasks: list[Any], n: int, tag: str,
+                       seed: int) -> list[Any]:
+    """Run `n` rollouts of each task through the gateway (group id `{tag}-p{i}` per task), each
+    model call seeded from (seed, task, rollout, action, attempt); EpisodeResults in job order."""
+    from rowgrove.agents import RolloutJob, run_rollouts_concurrently
+    from rowgrove.envs import make_env
+
+    agent = _agent_config(cfg)
+    jobs = []
+    for i, task in enumerate(tasks):
+        for k in range(n):
+            base = _mix(seed, i, k)
+            jobs.append(RolloutJob(
+                group_id=f"{tag}-p{i}", env=make_env(cfg.env, seed), task=task, config=agent,
+                metadata={"tag": tag, "task_id": task.task_id},
+                extra_body=(lambda a, att, base=base: {"seed": _mix(base, a, att)})))
+    return asyncio.run(run_rollouts_concurrently(gateway_url, jobs, cfg.concurrency))
+
+
+def collect_rows(ledger: Any, results: list[Any]) -> tuple[list[Row], list[Any]]:
+    """Rows of every rollout (rollout_rows from the ledger) and their RolloutRows, in order."""
+    from rowgrove.assemble import rollout_rows
+
+    rows: list[Row] = []
+    built = []
+    for res in results:
+        rr = rollout_rows(ledger, res.info["rollout_id"])
+        built.append(rr)
+        rows.extend(rr.rows)
+    return rows, built
+
+
+# ---- the loop ---------------------------------------------------------------------------------
+
+def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSummary:
+    """Run (or, with `resume`, continue) the GRPO run `cfg` describes in `cfg.out`; see the module
+    docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there."""
+    from rowgrove.algo import assign_advantages
+    from rowgrove.engines.hf import HFEngine
+    from rowgrove.envs import make_tasks
+    from rowgrove.gateway.testing import start_gateway
+    from rowgrove.ledger import Ledger
+    from rowgrove.model.load import load_model
+    from rowgrove.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+    from rowgrove.train.report import append_metrics, read_metrics, truncate_metrics
+    from rowgrove.train.update import update_policy
+
+    t_start = time.time()
+    run_dir = Path(cfg.out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    ckpt = load_checkpoint(run_dir) if resume else None
+    if not resume:
+        if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
+            raise InputError(f"{run_dir} already holds a run: resume it with --resume {run_dir}, "
+                             "or pass a new --out directory")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    seed_everything(cfg.seed)
+
+    start_dir = prepare_model_dir(cfg, log)
+    model, tok = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = cfg.lr_warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: min(1.0, (u + 1) / warm) if warm else 1.0)
+    start_step, extra = 0, {}
+    if ckpt is not None:
+        model.load_state_dict(ckpt.model)
+        optimizer.load_state_dict(ckpt.optimizer)
+        if ckpt.scheduler is not None:
+            scheduler.load_state_dict(ckpt.scheduler)
+        set_rng_state(ckpt.rng)
+        start_step, extra = ckpt.step, dict(ckpt.extra)
+        truncate_metrics(run_dir, start_step)
+        log(f"resuming {run_dir} after step {start_step}")
+
+    engine_model = copy.deepcopy(model).eval()
+    engine_model.set_attn_implementation("sdpa")
+    engine = HFEngine(engine_model, tok, max_batch=max(1, min(cfg.concurrency, 64)))
+    eval_tasks = make_tasks(cfg.env, cfg.eval_prompts, _mix(cfg.seed, 999_983) % 2**31)
+
+    def evaluate(tag: str) -> float | None:
+        if not eval_tasks:
+            return None
+        results = run_group_rollouts(gw.url, cfg, eval_tasks, 1, tag, _mix(cfg.seed, 77))
+        return float(np.mean([r.reward for r in results]))
+
+    bar = None
+    with start_gateway(str(start_dir), engine=engine, ledger=run_dir / "ledger.sqlite") as gw:
+        ledger = Ledger(run_dir / "ledger.sqlite", readonly=True)
+        if start_step == 0 and "eval_before" not in extra:
+            extra["eval_before"] = evaluate("eval-before")
+            if extra["eval_before"] is not None:
+                log(f"eval reward after warm-up (step 0): {extra['eval_before']:.3f} on {len(eval_tasks)} prompts")
+        if cfg.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.steps, initial=start_step, desc="grpo", unit="step", dynamic_ncols=True)
+        last_built: list[Any] = []
+        for step in range(start_step + 1, cfg.steps + 1):
+            t0 = time.time()
+            tasks = make_tasks(cfg.env, cfg.prompts_per_step, _mix(cfg.seed, step) % 2**31)
+            results = run_group_rollouts(gw.url, cfg, tasks, cfg.rollouts_per_prompt, f"s{step}", _mix(cfg.seed, step, 1))
+            rows, built = collect_rows(ledger, results)
+            t1 = time.time()
+            rows = assign_advantages(rows, estimator=cfg.estimator, scale_by_std=cfg.scale_by_std)
+            stats = update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode,
+                                  rollouts_per_minibatch=cfg.rollouts_per_minibatch,
+                                  microbatch_tokens=cfg.microbatch_tokens, clip_eps=cfg.clip_eps,
+                                  seed=_mix(cfg.seed, step, 2) % 2**31, packed=cfg.packed,
+                                  max_grad_norm=cfg.max_grad_norm, scheduler=scheduler)
+            model.eval()
+            engine.update_weights(model.state_dict())
+            t2 = time.time()
+            rewards = np.asarray([r.reward for r in results], np.float64)
+            rec = {
+                "step": step, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+                "rows_per_rollout": len(rows) / len(results),
+                "roots_per_rollout": float(np.mean([b.metrics.get("roots", 0) for b in built])),
+                "rejected_calls": int(sum(b.metrics.get("rejected_calls", 0) for b in built)),
+                "invalid_rollouts": int(sum(not b.valid for b in built)),
+                "compactions": float(np.mean([r.compactions for r in results])),
+                "tokens_generated": int(sum(b.metrics.get("generated_tokens", 0) for b in built)),
+                "tokens_trained": int(stats["tokens_trained"]),
+                "clip_fraction": stats["clip_fraction"], "approx_kl": stats["approx_kl"],
+                "entropy": stats["entropy"], "updates": int(stats["updates"]),
+                "lr": float(scheduler.get_last_lr()[0]), "rollout_time": t1 - t0, "train_time": t2 - t1,
+                "step_time": t2 - t0,
+            }
+            append_metrics(run_dir, rec)
+            last_built = [(r, b) for r, b in zip(results, built, strict=True)]
+            if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                save_checkpoint(run_dir, step=step, data_position=step, model=model, optimizer=optimizer,
+                                scheduler=scheduler, extra=extra)
+            if bar is not None:
+                bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", rows=f"{rec['rows_per_rollout']:.2f}")
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        extra["eval_after"] = evaluate("eval-after")
+        lineages = _lineages(ledger, last_built)
+        ledger.close()
+    return _finish(run_dir, cfg, extra, lineages, time.time() - t_start, read_metrics(run_dir))
+
+
+def _lineages(ledger: Any, built: list[Any], k: int = 3) -> list[tuple[str, str]]:
+    """Lineage SVGs of up to k rollouts of the last step, most rows first."""
+    from rowgrove.assemble import read_calls
+    from rowgrove.assemble.picture import render_svg
+
+    pics = []
+    for res, rr in sorted(built, key=lambda p: -len(p[1].rows))[:k]:
+        calls = read_calls(ledger, rr.rollout_id)
+        title = (f"rollout {rr.rollout_id}: reward {res.reward:.2f}, {len(rr.rows)} rows, "
+                 f"{res.compactions} compactions, {res.rejected} rejected")
+        pics.append((title, render_svg(calls, rr, rr.rows)))
+    return pics
+
+
+def _finish(run_dir: Path, cfg: TrainConfig, extra: dict[str, Any], lineages: list[tuple[str, str]],
+            seconds: float, records: list[dict[str, Any]]) -> RunSummary:
+    from rowgrove.train.report import write_report
+
+    def avg(key: str, recs: list[dict[str, Any]]) -> float:
+        return float(np.mean([r[key] for r in recs])) if recs else math.nan
+
+    k = max(1, min(3, len(records) // 4))
+    summary = RunSummary(
+        run_dir=run_dir, steps=len(records),
+        reward_first=avg("reward_mean", records[:k]), reward_last=avg("reward_mean", records[-k:]),
+        eval_before=extra.get("eval_before"), eval_after=extra.get("eval_after"),
+        rows_per_rollout=avg("rows_per_rollout", records),
+        tokens_generated=int(sum(r["tokens_generated"] for r in records)),
+        tokens_trained=int(sum(r["tokens_trained"] for r in records)),
+        seconds=seconds, report=run_dir / "report.html",
+        extra={"reward averaged over": f"first/last {k} steps", "model": cfg.model, "env": cfg.env,
+               "compaction": dict(cfg.agent).get("compaction", "none"), "loss_mode": cfg.loss_mode},
+    )
+    write_report(run_dir, records, summary.table(), config=cfg.to_dict(), lineages=lineages)
+    (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in summary.table().items()},
+                                                     indent=2, default=str) + "\n")
+    return summary
