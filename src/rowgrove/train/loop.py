@@ -164,15 +164,20 @@ def run_group_rollouts(gateway_url: str, cfg: TrainConfig, tasks: list[Any], n: 
 
 
 def collect_rows(ledger: Any, results: list[Any]) -> tuple[list[Row], list[Any]]:
-    """Rows of every rollout (rollout_rows from the ledger) and their RolloutRows, in order."""
+    """Rows of every rollout (rollout_rows from the ledger) and their RolloutRows, in order.
+    Row rollout ids become `{position:06d}:{rollout id}`."""
+    import dataclasses
+
     from rowgrove.assemble import rollout_rows
 
     rows: list[Row] = []
     built = []
-    for res in results:
+    for j, res in enumerate(results):
         rr = rollout_rows(ledger, res.info["rollout_id"])
         built.append(rr)
-        rows.extend(rr.rows)
+        # rollout ids are random; prefix the job's position so that mini-batch assignment (which
+        # sorts ids before shuffling with the step's seed) is reproducible run to run
+        rows.extend(dataclasses.replace(r, rollout_id=f"{j:06d}:{r.rollout_id}") for r in rr.rows)
     return rows, built
 
 
