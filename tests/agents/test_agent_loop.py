@@ -78,12 +78,20 @@ def test_resamples_are_bounded_and_exhaustion_ends_without_injected_text():
     assert res.reward == 0.0
 
 
-def test_exhaustion_after_progress_keeps_partial_reward():
+@pytest.mark.parametrize("on_exhausted, valid", [("invalid", False), ("score", True)])
+def test_exhaustion_after_progress_keeps_partial_reward(on_exhausted, valid):
     replies = [tool_reply("add", {"n": 3})] + [text_reply("x")] * 2
-    res = run(FakeClient(replies), counter_task(6), AgentConfig(max_resamples=1))
+    res = run(FakeClient(replies), counter_task(6), AgentConfig(max_resamples=1, on_exhausted=on_exhausted))
     assert res.actions == 1 and res.rejected == 2 and res.info["end"] == "resamples_exhausted"
     assert res.reward == pytest.approx(0.5 * 3 / 6)
     assert [m["role"] for m in res.messages] == ["user", "assistant", "tool"]
+    # masked by default: its reward was decided by responses that are never trained
+    assert res.valid is valid
+
+
+def test_unknown_on_exhausted_is_refused():
+    with pytest.raises(ValueError, match="unknown on_exhausted 'drop'"):
+        AgentConfig(on_exhausted="drop")
 
 
 def test_max_actions_ends_the_episode():

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from rowgrove.errors import InputError
 
 COMPACTIONS = ("none", "keep_last_rounds", "drop_reasoning", "collapse_env")
+ON_EXHAUSTED = ("invalid", "score")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class AgentConfig:
     """Most tokens per model response."""
     system_prompt: str | None = None
     """A system message put first in every context, or None for the template's default."""
+    on_exhausted: str = "invalid"
+    """When every resample of an action was rejected: "invalid" finishes the rollout masked (its
+    reward was decided by responses that are never trained, so it must not push its accepted
+    turns down), "score" keeps the environment's reward so far."""
 
     def __post_init__(self) -> None:
         if self.compaction not in COMPACTIONS:
@@ -36,5 +41,7 @@ class AgentConfig:
         for name in ("max_actions", "keep_rounds", "every_k", "max_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"AgentConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.on_exhausted not in ON_EXHAUSTED:
+            raise InputError(f"unknown on_exhausted {self.on_exhausted!r}: use one of {', '.join(ON_EXHAUSTED)}")
         if self.max_resamples < 0:
             raise InputError(f"AgentConfig.max_resamples must be >= 0, got {self.max_resamples}")

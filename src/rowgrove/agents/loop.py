@@ -14,7 +14,8 @@ Rules the rows depend on:
 - a rejected response is never added to any context or to the record: the retry is the same
   request again, which the gateway serves as a sibling of the rejected call;
 - the harness never writes assistant text itself. When the resamples are exhausted the episode
-  ends with the environment's reward so far.
+  ends there: masked (`valid=False`, AgentConfig.on_exhausted="invalid", the default) or scored
+  with the environment's reward so far ("score").
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class EpisodeResult:
     accepted assistant turn exactly as generated, each followed by its original tool results):
     what goes to the gateway's /finish. `reward` is the environment's final reward, `actions` the
     accepted tool calls, `rejected` the responses rejected and resampled, `compactions` the context
-    rewrites, `calls` all model calls. `valid` is False only when the episode broke (an error,
-    in `info["error"]`). `info["end"]` says why it ended: "done" | "max_actions" |
+    rewrites, `calls` all model calls. `valid` is False when the episode broke (an error,
+    in `info["error"]`) or, with on_exhausted="invalid", when every resample of an action was
+    rejected. `info["end"]` says why it ended: "done" | "max_actions" |
     "resamples_exhausted" | "error"; `info["rejections"]` lists the rejection reasons.
     """
 
@@ -155,6 +157,7 @@ async def run_episode(client: AsyncChatClient, env: Env, task: Task, config: Age
                 compactions += 1
             rounds, omitted = new_rounds, new_omitted
 
+    valid = not (end == "resamples_exhausted" and config.on_exhausted == "invalid")
     return EpisodeResult(messages=record, reward=env.reward(), actions=actions, rejected=rejected,
-                         compactions=compactions, calls=calls, valid=True,
+                         compactions=compactions, calls=calls, valid=valid,
                          info={"end": end, "rejections": rejections, "task_id": task.task_id})
