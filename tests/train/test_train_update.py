@@ -54,8 +54,9 @@ def test_packed_equals_padded_and_capacity_does_not_matter():
     a, _ = _step(rows, packed=True, capacity=40)
     b, _ = _step(rows, packed=False, capacity=40)
     c, _ = _step(rows, packed=True, capacity=100000)  # one micro-batch per mini-batch
-    _close(a, b)
-    _close(a, c)
+    # fp32, two attention kernels (masked batch vs causal), three Adam steps at lr 1e-2
+    _close(a, b, tol=1e-4)
+    _close(a, c, tol=1e-4)
 
 
 def test_microbatch_loss_sums_to_the_full_loss():
@@ -102,3 +103,26 @@ def test_invalid_rollouts_get_no_gradient_and_missing_advantage_is_refused():
     raw = synthetic_rollouts(n_groups=1, per_group=2)
     with pytest.raises(InputError, match="no advantage"):
         update_policy(model, opt, raw)
+
+
+def test_kl_penalty_keeps_the_policy_nearer_the_reference_and_is_zero_on_it():
+    rows = assign_advantages(synthetic_rollouts(seed=2), estimator="grpo")
+    ref = tiny_llama(0).eval().requires_grad_(False)
+
+    def run(kl_coef):
+        model = tiny_llama(0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.2)
+        stats = [update_policy(model, opt, rows, rollouts_per_minibatch=4, seed=s, max_grad_norm=0,
+                               ref_model=ref, kl_coef=kl_coef) for s in range(4)]
+        gap = sum(float((p.detach() - q).pow(2).sum()) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
+        return gap, stats
+
+    free, s_free = run(0.0)
+    held, s_held = run(1.0)
+    assert s_held[-1]["ref_kl"] > 0
+    # on the reference itself the penalty and its measure are exactly zero
+    mb = build_microbatches(rows, loss_weights(rows), capacity=4096)[0]
+    _, on_ref = ppo_clip_loss(ref, mb, 0.2, ref_model=ref, kl_coef=1.0)
+    assert on_ref["ref_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert held < free  # the penalty pulls the policy back towards where it started
+    assert s_free[-1]["ref_kl"] == 0.0  # without a coefficient nothing is computed

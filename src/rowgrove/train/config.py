@@ -66,6 +66,8 @@ class TrainConfig:
     """Pack rows into micro-batches (varlen attention); False pads rows (the benchmark baseline)."""
     clip_eps: float = 0.2
     """PPO clip range: ratio is clipped to [1 - eps, 1 + eps]."""
+    kl_coef: float = 0.0
+    """GRPO's KL penalty to the starting (warmed) policy, k3 estimator per trained token; 0 disables."""
     temperature: float = 1.0
     """Sampling temperature of the engine during rollouts."""
     max_tokens: int = 48
@@ -107,6 +109,8 @@ class TrainConfig:
         for name in ("steps", "warmup_sft_steps", "checkpoint_every", "eval_prompts", "lr_warmup_steps"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} (must be >= 0)")
+        if self.kl_coef < 0:
+            problems.append(f"kl_coef={self.kl_coef} (must be >= 0)")
         if not 0 <= self.clip_eps < 1:
             problems.append(f"clip_eps={self.clip_eps} (must be in [0, 1))")
         if problems:

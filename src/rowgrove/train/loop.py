@@ -3,8 +3,9 @@
 Which GRPO this is: on-policy rollouts (one engine sampling with the current weights), group-
 relative advantages per prompt (`estimator`: grpo (r - mean) / std, dr_grpo r - mean, or rloo),
 the PPO-clip surrogate against the engine's own logprobs (ratio = exp(logp_policy - logp_engine)
-on every sampled token), no KL penalty and no reference model, several optimizer updates per step
-when the rollouts fill several mini-batches.
+on every sampled token), optionally GRPO's KL penalty to the starting policy (`kl_coef`, k3
+estimator, same token weights), several optimizer updates per step when the rollouts fill
+several mini-batches.
 
     for step:
         prompts ──► n rollouts each, run concurrently by the reference agent (compaction,
@@ -225,6 +226,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
         truncate_metrics(run_dir, start_step)
         log(f"resuming {run_dir} after step {start_step}")
 
+    ref_model = None
+    if cfg.kl_coef > 0:  # the starting policy, frozen (also on resume: it is the warmed model)
+        ref_model, _ = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
+        ref_model.eval().requires_grad_(False)
     engine_model = copy.deepcopy(model).eval()
     engine_model.set_attn_implementation("sdpa")
     engine = HFEngine(engine_model, tok, max_batch=max(1, min(cfg.concurrency, 64)))
@@ -259,7 +264,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                                   rollouts_per_minibatch=cfg.rollouts_per_minibatch,
                                   microbatch_tokens=cfg.microbatch_tokens, clip_eps=cfg.clip_eps,
                                   seed=_mix(cfg.seed, step, 2) % 2**31, packed=cfg.packed,
-                                  max_grad_norm=cfg.max_grad_norm, scheduler=scheduler)
+                                  max_grad_norm=cfg.max_grad_norm, scheduler=scheduler,
+                                  ref_model=ref_model, kl_coef=cfg.kl_coef)
             model.eval()
             engine.update_weights(model.state_dict())
             t2 = time.time()
@@ -274,7 +280,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                 "tokens_generated": int(sum(b.metrics.get("generated_tokens", 0) for b in built)),
                 "tokens_trained": int(stats["tokens_trained"]),
                 "clip_fraction": stats["clip_fraction"], "approx_kl": stats["approx_kl"],
-                "entropy": stats["entropy"], "updates": int(stats["updates"]),
+                "entropy": stats["entropy"], "ref_kl": stats["ref_kl"], "updates": int(stats["updates"]),
                 "lr": float(scheduler.get_last_lr()[0]), "rollout_time": t1 - t0, "train_time": t2 - t1,
                 "step_time": t2 - t0,
             }

@@ -12,8 +12,8 @@ Each micro-batch contributes its part of the sum and calls backward on it: no fu
 so gradient accumulation, packing and how many rows a rollout became leave the gradient unchanged.
 
 Packed micro-batches use a varlen attention registered with transformers ("rowgrove_varlen"):
-rows are concatenated, position ids restart per row and attention runs per row (cu_seqlens), so
-no token sees another row and no compute goes to padding. `packed=False` pads rows instead (the
+rows are concatenated, position ids restart per row and attention stays inside each row
+(cu_seqlens), so no token sees another row and only attention pays for unequal row lengths. `packed=False` pads rows instead (the
 benchmark's baseline); both give the same loss.
 """
 
@@ -39,15 +39,28 @@ def _varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:
     """Causal attention inside each packed row. query [1, H, L, D], key/value [1, KVH, L, D];
-    `cu_seq_lens_q` (int32 [K+1]) names the row boundaries. Returns [1, L, H, D]."""
+    `cu_seq_lens_q` (int32 [K+1]) names the row boundaries. Returns [1, L, H, D].
+
+    The rows are gathered into one [K, H, longest, D] batch for a single attention call (causal
+    within a row, padded keys masked) and scattered back, so only attention pays for the rows'
+    unequal lengths; every other layer runs on the packed tokens alone."""
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
         raise InputError("rowgrove_varlen attention needs cu_seq_lens_q: call it through packed_logprobs")
-    bounds = cu.tolist()
-    outs = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True,
-                                           scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    starts, lengths = cu[:-1].long(), (cu[1:] - cu[:-1]).long()
+    longest = int(lengths.max())
+    offs = torch.arange(longest, device=query.device)
+    real = offs[None, :] < lengths[:, None]                                   # [K, longest]
+    gather = torch.where(real, starts[:, None] + offs[None, :], 0)           # [K, longest]
+
+    def rows(x: torch.Tensor) -> torch.Tensor:                               # [1, H, L, D] -> [K, H, longest, D]
+        return x[0][:, gather].transpose(0, 1)
+
+    causal = torch.ones(longest, longest, dtype=torch.bool, device=query.device).tril()
+    mask = causal[None, None] & real[:, None, None, :]                         # [K, 1, longest, longest]
+    out = F.scaled_dot_product_attention(rows(query), rows(key), rows(value), attn_mask=mask, scale=scaling,
+                                         enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2)[real][None].contiguous(), None               # [1, L, H, D]
 
 
 def register_varlen() -> None:
@@ -187,11 +200,17 @@ def microbatch_logits(model: Any, mb: MicroBatch) -> torch.Tensor:
     return logits[sel]
 
 
-def ppo_clip_loss(model: Any, mb: MicroBatch, clip_eps: float) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_clip_loss(model: Any, mb: MicroBatch, clip_eps: float, *, ref_model: Any = None,
+                  kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
     """(sum of weight * PPO-clip loss over the micro-batch's trained tokens, sums for metrics).
 
+    With `ref_model` and `kl_coef` > 0 each trained token also pays kl_coef * k3(policy || ref)
+    (GRPO's KL penalty to the starting policy, k3 = exp(r) - r - 1 with r = logp_ref - logp),
+    weighted by the same w, so the penalty has the loss's divisors and no others.
+
     Metric sums (divide by `tokens` for means): clipped (tokens whose ratio left the clip range
-    on the side that stops the gradient), kl (k3 estimator of KL(engine || policy)), entropy."""
+    on the side that stops the gradient), kl (k3 estimator of KL(engine || policy)), entropy,
+    ref_kl (k3 of KL(policy || ref), 0 without a reference)."""
     logits = microbatch_logits(model, mb).float()
     keep = mb.trained.any(dim=0).nonzero().squeeze(-1)
     sel = mb.trained[:, keep]
@@ -206,12 +225,21 @@ def ppo_clip_loss(model: Any, mb: MicroBatch, clip_eps: float) -> tuple[torch.Te
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
     loss = -(w * torch.minimum(unclipped, clipped)).sum()
+    ref_kl = torch.zeros(())
+    if ref_model is not None and kl_coef > 0:
+        with torch.no_grad():
+            ref_logp = torch.log_softmax(microbatch_logits(ref_model, mb).float(), -1).gather(-1, target[:, None]).squeeze(-1)
+        r = ref_logp - logp
+        k3 = torch.exp(r) - r - 1
+        loss = loss + kl_coef * (w * k3).sum()
+        ref_kl = k3.detach().sum()
     with torch.no_grad():
         stats = {
             "tokens": float(target.numel()),
             "clipped": float((clipped < unclipped).sum()),
             "kl": float(((ratio - 1) - log_ratio).sum()),
             "entropy": float(-(logp_all.exp() * logp_all).sum(-1).sum()),
+            "ref_kl": float(ref_kl),
         }
     return loss, stats
 
@@ -219,18 +247,18 @@ def ppo_clip_loss(model: Any, mb: MicroBatch, clip_eps: float) -> tuple[torch.Te
 def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[Row], *, loss_mode: str = "token-mean",
                   rollouts_per_minibatch: int = 32, microbatch_tokens: int = 4096, clip_eps: float = 0.2,
                   seed: int = 0, packed: bool = True, max_grad_norm: float = 1.0,
-                  scheduler: Any = None) -> dict[str, float]:
+                  scheduler: Any = None, ref_model: Any = None, kl_coef: float = 0.0) -> dict[str, float]:
     """Train `model` on rows that carry advantages: one optimizer step per mini-batch of whole
     rollouts (`rowgrove.algo.minibatches(rows, rollouts_per_minibatch, seed=seed)`), whatever the
     row count. Returns mean metrics over trained tokens: loss (sum over updates), clip_fraction,
-    approx_kl, entropy, tokens_trained, updates."""
+    approx_kl, entropy, ref_kl, tokens_trained, updates. `ref_model`/`kl_coef`: see ppo_clip_loss."""
     missing = [r.rollout_id for r in rows if r.valid and r.advantage is None]
     if missing:
         raise InputError(f"{len(missing)} valid rows have no advantage ({name_some(missing)}): "
                          "run rowgrove.algo.assign_advantages first")
     device = next(model.parameters()).device
     model.train()
-    totals = {"tokens": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0}
+    totals = {"tokens": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0, "ref_kl": 0.0}
     loss_total = 0.0
     mbs = minibatches(rows, rollouts_per_minibatch, seed=seed)
     for mb_rows in mbs:
@@ -239,7 +267,7 @@ def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[R
         for micro in build_microbatches(mb_rows, weights, capacity=microbatch_tokens, packed=packed, device=device):
             if not bool(micro.trained.any()):
                 continue
-            loss, stats = ppo_clip_loss(model, micro, clip_eps)
+            loss, stats = ppo_clip_loss(model, micro, clip_eps, ref_model=ref_model, kl_coef=kl_coef)
             loss.backward()
             loss_total += float(loss.detach())
             for k in totals:
@@ -251,4 +279,4 @@ def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[R
             scheduler.step()
     n = max(totals["tokens"], 1.0)
     return {"loss": loss_total, "clip_fraction": totals["clipped"] / n, "approx_kl": totals["kl"] / n,
-            "entropy": totals["entropy"] / n, "tokens_trained": totals["tokens"], "updates": float(len(mbs))}
+            "entropy": totals["entropy"] / n, "ref_kl": totals["ref_kl"] / n, "tokens_trained": totals["tokens"], "updates": float(len(mbs))}
