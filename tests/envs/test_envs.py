@@ -33,14 +33,27 @@ def test_expert_gets_max_reward_random_gets_clearly_less(name):
 
 
 def test_counter_random_policy_numbers_documented():
-    # pinned in the counter module docstring and docs/agents.md: random ~0.63 mean, ~39% exact
+    # pinned in the counter module docstring and docs/agents.md: random ~0.49 mean, ~17% exact
     rand_mean, rand_exact = mean_reward("counter", "random", n=2000)
-    assert 0.58 < rand_mean < 0.68 and 0.34 < rand_exact < 0.44
+    assert 0.44 < rand_mean < 0.54 and 0.12 < rand_exact < 0.22
+
+
+def test_counter_rewards_a_preference_for_three_before_it_rewards_reading():
+    # what GRPO finds first in the demo: always add(3) beats uniform, the expert beats both
+    env = make_env("counter")
+    rewards = []
+    for task in make_tasks("counter", 2000, 0):
+        env.reset(task)
+        while not env.done:
+            env.step("add", {"n": 3})
+        rewards.append(env.reward())
+    three = sum(rewards) / len(rewards)
+    assert 0.62 < three < 0.72 and three > mean_reward("counter", "random", n=2000)[0] + 0.1
 
 
 def test_counter_expert_is_multi_turn():
     calls = [sum(m["role"] == "assistant" for m in msgs) for msgs in synth_transcripts("counter", 200, 1, "expert")]
-    assert min(calls) >= 2 and max(calls) <= 4
+    assert min(calls) >= 3 and max(calls) <= 5
     calls = [sum(m["role"] == "assistant" for m in msgs) for msgs in synth_transcripts("counter", 200, 1, "random")]
     assert max(calls) == 5
 

@@ -27,6 +27,8 @@ def test_config_from_yaml_then_overrides(tmp_path):
     (["loss_mode=seq-mean"], "loss_mode='seq-mean'"),
     (["lr"], "not key=value"),
     (["packed=1"], "true/false"),
+    (["lr_decay_to=2"], "lr_decay_to=2.0"),
+    (["kl_coef=-1"], "kl_coef=-1.0"),
 ])
 def test_bad_config_is_named(bad, match):
     with pytest.raises(InputError, match=match):
@@ -48,3 +50,14 @@ def test_metrics_plots_and_report(tmp_path):
     assert "src=\"http" not in page and "src='http" not in page  # self-contained
     assert (tmp_path / "plots" / "curves.png").stat().st_size > 1000
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
+
+
+def test_lr_schedule_warms_up_then_decays_to_its_end_factor_at_the_last_update():
+    from rowgrove.train.loop import lr_factor
+
+    # 4 steps x ceil(64 / 16) = 16 updates; 2 warm-up updates, then linear to 0.1 at update 15
+    f = lr_factor(TrainConfig(steps=4, rollouts_per_minibatch=16, lr_warmup_steps=2, lr_decay_to=0.1))
+    assert [f(0), f(1), f(2)] == [0.5, 1.0, 1.0]
+    assert f(15) == pytest.approx(0.1) and f(40) == pytest.approx(0.1)
+    assert f(2) > f(8) > f(15)
+    assert lr_factor(TrainConfig())(1000) == 1.0  # constant by default

@@ -47,7 +47,9 @@ class TrainConfig:
     lr: float = 3e-3
     """AdamW learning rate (peak, after warm-up of the schedule)."""
     lr_warmup_steps: int = 0
-    """Optimizer updates of linear LR warm-up; constant afterwards."""
+    """Optimizer updates of linear LR warm-up."""
+    lr_decay_to: float = 1.0
+    """LR at the run's last update as a fraction of `lr`, reached linearly after the warm-up (1.0: constant)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
@@ -109,6 +111,8 @@ class TrainConfig:
         for name in ("steps", "warmup_sft_steps", "checkpoint_every", "eval_prompts", "lr_warmup_steps"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} (must be >= 0)")
+        if not 0 <= self.lr_decay_to <= 1:
+            problems.append(f"lr_decay_to={self.lr_decay_to} (must be in [0, 1])")
         if self.kl_coef < 0:
             problems.append(f"kl_coef={self.kl_coef} (must be >= 0)")
         if not 0 <= self.clip_eps < 1:

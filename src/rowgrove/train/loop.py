@@ -100,6 +100,21 @@ def _mix(*parts: int) -> int:
     return h % 2**63
 
 
+def lr_factor(cfg: TrainConfig) -> Any:
+    """The LR multiplier of optimizer update u: linear warm-up over `lr_warmup_steps` updates,
+    then linear decay to `lr_decay_to` at the run's last update (steps x updates per step)."""
+    total = cfg.steps * math.ceil(cfg.prompts_per_step * cfg.rollouts_per_prompt / cfg.rollouts_per_minibatch)
+    warm, end = cfg.lr_warmup_steps, cfg.lr_decay_to
+
+    def factor(u: int) -> float:
+        if warm and u < warm:
+            return (u + 1) / warm
+        span = max(1, total - 1 - warm)
+        return 1.0 - (1.0 - end) * min(1.0, max(0, u - warm) / span)
+
+    return factor
+
+
 # ---- the model: tiny (with the task's corpus) or a HF dir, warmed up and cached --------------
 
 def prepare_model_dir(cfg: TrainConfig, log: Any = print) -> Path:
@@ -119,7 +134,10 @@ def prepare_model_dir(cfg: TrainConfig, log: Any = print) -> Path:
         base = model_dir(cfg.model)
     if cfg.warmup_sft_steps == 0:
         return base
-    key = config_hash({"base": str(base.resolve()), "env": cfg.env, "steps": cfg.warmup_sft_steps,
+    from rowgrove.envs import make_tasks
+
+    tasks = [t.prompt for t in make_tasks(cfg.env, 8, cfg.seed)]  # the task distribution is part of the key
+    key = config_hash({"base": str(base.resolve()), "env": cfg.env, "tasks": tasks, "steps": cfg.warmup_sft_steps,
                        "lr": cfg.warmup_sft_lr, "batch": cfg.warmup_sft_batch, "policy": cfg.warmup_policy,
                        "seed": cfg.seed, "dtype": cfg.dtype, "agent": _agent_config(cfg).__dict__, "v": 2})
     out = warm_model_dir(base, key)
@@ -213,8 +231,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
     start_dir = prepare_model_dir(cfg, log)
     model, tok = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warm = cfg.lr_warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: min(1.0, (u + 1) / warm) if warm else 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     start_step, extra = 0, {}
     if ckpt is not None:
         model.load_state_dict(ckpt.model)
