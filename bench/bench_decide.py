@@ -89,12 +89,15 @@ def _no_memo_index() -> Any:
 
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=5)
-    args = ap.parse_args()
+    ap.add_argument("--quick", action="store_true", help="fewer calls and repeats (smoke check)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.reps, args.calls = 1, min(args.calls, 40)
 
     from rowgrove.gateway.render import Renderer
     from rowgrove.model.load import load_tokenizer
@@ -147,6 +150,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
+    return result
 
 
 if __name__ == "__main__":

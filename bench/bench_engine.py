@@ -18,12 +18,15 @@ from pathlib import Path
 import torch
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="fewer tokens (smoke check)")
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.tokens = min(args.tokens, 16)
     torch.set_num_threads(args.threads)
 
     from rowgrove.engines import SamplingParams, make_engine
@@ -65,11 +68,13 @@ def main() -> None:
         print(f"hf engine, {n:2d} concurrent requests:  {tps:8.0f} tok/s   x{tps / base_tps:.2f} vs baseline")
     out = Path(__file__).parent / "results" / "engine.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "tokens": args.tokens, "threads": args.threads,
-                               "baseline_generate_b1_tok_s": base_tps,
-                               "engine_tok_s": {str(n): v for n, v in res.items()},
-                               "ratio_vs_baseline": {str(n): v / base_tps for n, v in res.items()}}, indent=2) + "\n")
+    result = {"model": args.model, "tokens": args.tokens, "threads": args.threads,
+              "baseline_generate_b1_tok_s": base_tps,
+              "engine_tok_s": {str(n): v for n, v in res.items()},
+              "ratio_vs_baseline": {str(n): v / base_tps for n, v in res.items()}}
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
+    return result
 
 
 if __name__ == "__main__":
