@@ -49,3 +49,14 @@ def test_readme_gives_exactly_the_two_commands_ci_runs():
     readme = (ROOT / "README.md").read_text()
     assert "make demo" in readme and "make test" in readme
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_example_prints_what_it_shows():
+    import doctest
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    test = doctest.DocTestParser().get_doctest(block, {}, "README", "README.md", 0)
+    result = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE).run(test)
+    assert result.attempted >= 2 and result.failed == 0
