@@ -52,6 +52,22 @@ def demo_rows(n_episodes: int, seed: int = 0) -> list[Any]:
     return rows
 
 
+def wide_rows(demo: list[Any], seed: int = 0) -> list[Any]:
+    """The demo's rows cut to a wide length mix (log-uniform 48..full length, as agentic rows are
+    when prompts are short and turns vary): where padding wastes much, packing has room to win."""
+    import dataclasses
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for r in demo:
+        n = int(np.exp(rng.uniform(np.log(48), np.log(len(r.input_ids)))))
+        out.append(dataclasses.replace(r, input_ids=list(r.input_ids[:n]), loss_mask=list(r.loss_mask[:n]),
+                                       logprobs=list(r.logprobs[:n])))
+    return out
+
+
 def time_update(rows: list[Any], *, packed: bool, capacity: int, repeats: int) -> float:
     """Best-of-`repeats` seconds of one full update (all mini-batches) of a fresh tiny model."""
     import torch
@@ -98,9 +114,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "padded_tokens_per_s": tokens / padded_s, "packed_tokens_per_s": tokens / packed_s,
         "packed_over_padded_ratio": padded_s / packed_s,
     }
+    wide = wide_rows(rows)
+    wl = np.asarray([len(r.input_ids) for r in wide])
+    w_padded = time_update(wide, packed=False, capacity=args.capacity, repeats=repeats)
+    w_packed = time_update(wide, packed=True, capacity=args.capacity, repeats=repeats)
+    result["wide_mix"] = {
+        "row_length": {"min": int(wl.min()), "median": float(np.median(wl)), "max": int(wl.max())},
+        "tokens": int(wl.sum()), "padded_tokens_per_s": int(wl.sum()) / w_padded,
+        "packed_tokens_per_s": int(wl.sum()) / w_packed, "packed_over_padded_ratio": w_padded / w_packed,
+    }
     print(f"rows {len(rows)} ({episodes} rollouts), lengths {result['row_length']}, capacity {args.capacity}")
-    print(f"padded: {result['padded_tokens_per_s']:.0f} tok/s   packed: {result['packed_tokens_per_s']:.0f} tok/s"
+    print(f"demo mix: padded {result['padded_tokens_per_s']:.0f} tok/s   packed {result['packed_tokens_per_s']:.0f} tok/s"
           f"   packed/padded = {result['packed_over_padded_ratio']:.2f}x")
+    w = result["wide_mix"]
+    print(f"wide mix {w['row_length']}: padded {w['padded_tokens_per_s']:.0f} tok/s   packed "
+          f"{w['packed_tokens_per_s']:.0f} tok/s   packed/padded = {w['packed_over_padded_ratio']:.2f}x")
     if not args.quick:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(result, indent=2) + "\n")
