@@ -142,3 +142,42 @@ def test_new_part_only_tokenization_equals_whole_probe_tokenization(renderer):
         for new in news:
             for _ in range(2):  # the second time takes the fast path
                 assert renderer.render_continuation(new, tools) == slow.render_continuation(new, tools) is not None
+
+
+def test_fast_render_equals_apply_chat_template_and_is_trusted_only_after_it_matched(tokenizers):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    for tok in tokenizers.values():
+        r = Renderer(tok)
+        text = st.text(alphabet=st.sampled_from("ab <>{}\"\n:1"), max_size=12)
+
+        @settings(max_examples=20, deadline=None)
+        @given(turns=st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool"]), text), min_size=1, max_size=5),
+               tools=st.sampled_from([None, TOOLS]), gen=st.booleans())
+        def check(turns, tools, gen):
+            msgs = [{"role": "system", "content": "sys"}] + [
+                {"role": role, "content": c, **({"tool_call_id": "c1"} if role == "tool" else {})} for role, c in turns]
+            want = tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=gen, tokenize=False)
+            assert r.render_text(msgs, tools, add_generation_prompt=gen) == want  # verified, or checked slow
+            assert r.render_text(msgs, tools, add_generation_prompt=gen) == want  # now the fast path
+            assert r.render_root(msgs, tools) == tok.encode(
+                tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False)
+
+        check()
+        assert r._fast_ok and all(r._fast_ok.values())
+
+
+def test_fast_render_that_disagrees_once_is_never_used(renderers):
+    r = Renderer(renderers["chatml"].tokenizer)
+
+    class Wrong:
+        def render(self, **kw):
+            return "not what the template writes"
+
+    r._template = Wrong()
+    msgs = [{"role": "user", "content": "hi"}]
+    want = r.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert r.render_text(msgs) == want and r.render_text(msgs) == want
+    assert list(r._fast_ok.values()) == [False]

@@ -98,6 +98,13 @@ class Renderer:
         if not getattr(tokenizer, "chat_template", None):
             raise InputError("the tokenizer has no chat template: load one that ships chat_template.jinja")
         self.tokenizer = tokenizer
+        # Fast paths, each equal to the transformers call it replaces: the backend tokenizer's own
+        # encode (fast tokenizers), and the compiled template rendered directly, trusted per
+        # (tools, options) only after it matched apply_chat_template once.
+        self._backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
+        self._template = _compiled_template(tokenizer)
+        self._special = dict(tokenizer.special_tokens_map)
+        self._fast_ok: dict[bytes, bool] = {}
         if end_of_turn_id is None:
             from rowgrove.model.load import end_of_turn_id as find_end_of_turn
 
@@ -123,10 +130,22 @@ class Renderer:
             raise BadRequest(
                 f"chat_template_kwargs may not set {', '.join(clash)}: these are rendering parameters, "
                 "not template variables; remove them", param="chat_template_kwargs")
+        msgs, tool_list = list(messages), list(tools) if tools else None
         try:
-            return self.tokenizer.apply_chat_template(
-                list(messages), tools=list(tools) if tools else None,
-                add_generation_prompt=add_generation_prompt, tokenize=False, **opts)
+            plain = self._template is not None and all(
+                isinstance(m, dict) and isinstance(m.get("content"), str | None) for m in msgs)
+            key = chain_start(tool_list, opts) if plain else b""
+            ok = self._fast_ok.get(key) if plain else False
+            if ok:
+                return self._template.render(messages=msgs, tools=tool_list,
+                                             add_generation_prompt=add_generation_prompt, **self._special, **opts)
+            text = self.tokenizer.apply_chat_template(
+                msgs, tools=tool_list, add_generation_prompt=add_generation_prompt, tokenize=False, **opts)
+            if plain and ok is None:
+                fast = self._template.render(messages=msgs, tools=tool_list,
+                                             add_generation_prompt=add_generation_prompt, **self._special, **opts)
+                self._fast_ok[key] = fast == text
+            return text
         except jinja2.TemplateError as e:
             raise BadRequest(f"the chat template cannot render these messages: {e}", param="messages") from None
 
@@ -173,6 +192,8 @@ class Renderer:
     # -- internals ------------------------------------------------------------------------------
 
     def _encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _make_probe(self, messages: list[dict[str, Any]], mark: str, tools: Sequence[Any] | None,
@@ -215,6 +236,16 @@ class Renderer:
         if len(ids) <= 1 or ids[0] != self.end_of_turn_id:
             return None
         return ids[1:]
+
+
+def _compiled_template(tokenizer: Any) -> Any:
+    """The tokenizer's chat template compiled as apply_chat_template compiles it, or None when this
+    transformers has no such helper (then every render goes through apply_chat_template)."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return None
+    return _compile_jinja_template(tokenizer.chat_template)
 
 
 def _splits_text(tokenizer: Any, token_id: int) -> bool:
