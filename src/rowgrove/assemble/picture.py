@@ -103,7 +103,8 @@ def _row_lines(rows: list[Row], label: dict[str, str]) -> list[str]:
         adv = "" if r.advantage is None else f" · advantage {r.advantage:+.3g}"
         valid = "" if r.valid else " · INVALID"
         calls = " · ".join(label.get(c, c) for c in r.call_ids)
-        out.append(f"row {r.segment} · {calls} · {len(ids)} tok · {trained} trained · reward {r.reward}{adv}{valid}")
+        reward = "none" if r.reward is None else f"{r.reward:.4g}"
+        out.append(f"row {r.segment} · {calls} · {len(ids)} tok · {trained} trained · reward {reward}{adv}{valid}")
         out.append(f"    {_fmt_tokens(ids)}")
     return out
 
