@@ -9,6 +9,8 @@ expert or a random policy without a model.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,7 +101,7 @@ def check_arguments(tool: dict[str, Any], arguments: Any) -> str | None:
     return None
 
 
-class Env:
+class Env(ABC):
     """An environment the agent harness drives through tool calls.
 
     Subclasses set `name` and `tools` and implement `reset`, `step`, `reward`, `expert_action` and
@@ -110,25 +112,25 @@ class Env:
     name: str = "env"
     tools: list[dict[str, Any]] = []
 
+    @abstractmethod
     def reset(self, task: Task) -> str:
         """Start an episode of `task`; return the first observation (the user message)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def step(self, tool_name: str, arguments: dict[str, Any]) -> StepResult:
         """Apply one tool call that `check_action` accepted."""
-        raise NotImplementedError
 
+    @abstractmethod
     def reward(self) -> float:
         """The episode's reward so far, in [0, 1]; the final reward once `done`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def expert_action(self) -> tuple[str, dict[str, Any]]:
         """The best next tool call from the current state (for synthetic transcripts and tests)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def random_action(self, rng: random.Random) -> tuple[str, dict[str, Any]]:
         """A well-formed, schema-valid, uniformly chosen tool call."""
-        raise NotImplementedError
 
     def check_action(self, tool_name: str, arguments: Any) -> str | None:
         """Why this call must be rejected (unknown tool, arguments off-schema), or None."""
