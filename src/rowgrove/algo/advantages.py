@@ -184,6 +184,11 @@ def group_advantages(
         raise InputError(f"unknown estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")
 
 
+def _disagreements(ids: Sequence[object], bad: dict[int, list[object]], limit: int = 5) -> str:
+    """`r7: 0.5 vs 1.0; r9: ...`: the first few rollouts whose rows disagree, with their values."""
+    return "; ".join(f"{ids[k]}: {' vs '.join(sorted({repr(v) for v in vals}))}" for k, vals in list(bad.items())[:limit])
+
+
 def _same(a: object, b: object) -> bool:
     """Equal rewards, counting two NaNs (or two Nones) as the same value."""
     if a is None or b is None:
@@ -228,20 +233,14 @@ def assign_advantages(
             valid_R[k] = False
             reason_R[k] = reason_R[k] or row.mask_reason
     if bad_reward:
-        shown = "; ".join(
-            f"{ids[k]}: {' vs '.join(sorted({repr(v) for v in vals}))}" for k, vals in list(bad_reward.items())[:5]
-        )
         raise InputError(
-            f"rows of {len(bad_reward)} rollouts disagree on the reward ({shown}): a rollout has "
-            "one reward; copy it onto every row instead of averaging"
+            f"rows of {len(bad_reward)} rollouts disagree on the reward ({_disagreements(ids, bad_reward)}): "
+            "a rollout has one reward; copy it onto every row instead of averaging"
         )
     if bad_group:
-        shown = "; ".join(
-            f"{ids[k]}: {' vs '.join(sorted({repr(v) for v in vals}))}" for k, vals in list(bad_group.items())[:5]
-        )
         raise InputError(
-            f"rows of {len(bad_group)} rollouts disagree on the group_id ({shown}): a rollout "
-            "belongs to one group; give all its rows the id of its prompt"
+            f"rows of {len(bad_group)} rollouts disagree on the group_id ({_disagreements(ids, bad_group)}): "
+            "a rollout belongs to one group; give all its rows the id of its prompt"
         )
 
     live = [k for k in range(n_rollouts) if valid_R[k]]

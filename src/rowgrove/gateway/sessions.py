@@ -19,7 +19,6 @@ SQLite transactions made directly on the loop (well under a millisecond each in 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import ipaddress
 import secrets
 import time
@@ -210,16 +209,16 @@ class Gateway:
         if self.closing:
             raise Unavailable("the gateway is shutting down: retry on a running server",
                               self.settings.retry_after)
-        index = self._index(session)
-        plan = decide(index, req.messages, self.renderer, tools=req.tools, options=req.chat_template_kwargs)
         if retry:
+            # an SDK retry carries the same body as its original (the key is the body's hash), which
+            # was validated then; the answer is the original's, so nothing is decided or written
             original = await self.replay(session, key)
             if original is not None:
                 return original
             if session.finished:
                 raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
-            index = self._index(session)  # the index may have grown while the original ran
-            plan = decide(index, req.messages, self.renderer, tools=req.tools, options=req.chat_template_kwargs)
+        plan = decide(self._index(session), req.messages, self.renderer, tools=req.tools,
+                      options=req.chat_template_kwargs)
         if self.in_flight >= self.settings.max_queue:
             raise Overloaded(
                 f"{self.in_flight} generations in flight (max_queue {self.settings.max_queue}): retry "
@@ -374,14 +373,14 @@ class Gateway:
 
     def rows(self, session: RolloutSession) -> dict[str, Any]:
         """The rollout's training rows, built by `rowgrove.assemble` from the ledger."""
-        from rowgrove.assemble import rollout_rows
+        from rowgrove.assemble import rollout_rows, row_to_json
 
         if not session.finished:
             raise Conflict(f"rollout {session.rollout_id} is not finished: POST its finish route first")
         built = rollout_rows(self.ledger, session.rollout_id)
         return {
             "rollout_id": session.rollout_id,
-            "rows": [_jsonable(dataclasses.asdict(r)) for r in built.rows],
+            "rows": [row_to_json(r) for r in built.rows],
             "metrics": _jsonable(built.metrics),
             "invalid_reason": built.invalid_reason,
         }

@@ -140,7 +140,7 @@ def prepare_model_dir(cfg: TrainConfig, log: Any = print) -> Path:
     key = config_hash({"base": str(base.resolve()), "env": cfg.env, "tasks": tasks, "steps": cfg.warmup_sft_steps,
                        "lr": cfg.warmup_sft_lr, "batch": cfg.warmup_sft_batch, "policy": cfg.warmup_policy,
                        "seed": cfg.seed, "dtype": cfg.dtype, "agent": _agent_config(cfg).__dict__, "v": 2})
-    out = warm_model_dir(base, key)
+    out = warm_model_dir(key)
     if (out / "rowgrove-warm.done").exists():
         return out
     t0 = time.time()

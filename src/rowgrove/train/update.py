@@ -46,7 +46,7 @@ def _varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     unequal lengths; every other layer runs on the packed tokens alone."""
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
-        raise InputError("rowgrove_varlen attention needs cu_seq_lens_q: call it through packed_logprobs")
+        raise InputError("rowgrove_varlen attention needs cu_seq_lens_q: call the model through microbatch_logits")
     starts, lengths = cu[:-1].long(), (cu[1:] - cu[:-1]).long()
     longest = int(lengths.max())
     offs = torch.arange(longest, device=query.device)

@@ -165,7 +165,7 @@ def warm_up(model: Any, tokenizer: Any, env: str, *, steps: int, batch: int, lr:
     return losses
 
 
-def warm_model_dir(base_dir: Path, key: str) -> Path:
+def warm_model_dir(key: str) -> Path:
     """Where the warmed model of `key` (a config hash) is cached, next to the base model cache."""
     from rowgrove.model.tiny import cache_root
 
