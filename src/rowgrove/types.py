@@ -69,6 +69,7 @@ class Call:
     error: str | None = None
     created_at: float = 0.0
     completed_at: float | None = None
+    history_drift: bool = False        # continuation that kept its parent's tokens where the template drifts
 
 
 @dataclass

@@ -77,7 +77,9 @@ def test_continuation_is_parent_context_plus_new_part_token_for_token(renderer):
     a2 = assistant("It is sunny.")
     c2, d2, s2 = serve(msgs2, a2, tools=TOOLS)
     assert (d2.parent_id, d2.reason) == (c1, D.CONTINUATION)
-    assert d2.prompt_ids == renderer.render_continuation(msgs2[3:], TOOLS)
+    # token-exact: the engine's prompt is the template's own rendering of the whole request
+    assert not d2.drift and renderer.decode(d2.full_prompt_ids) == renderer.render_text(msgs2, TOOLS)
+    assert d2.context_text == renderer.render_text(msgs2, TOOLS)
     assert d2.full_prompt_ids == d1.full_prompt_ids + s1 + d2.prompt_ids
     assert s1[-1] == renderer.end_of_turn_id
 
@@ -314,8 +316,9 @@ def test_concurrent_branches_each_find_their_own_parent(renderer):
     assert decide(serve.index, right + [ar, {"role": "user", "content": "next"}], renderer).parent_id == cr
 
 
-def test_untemplatable_continuation_falls_back_to_root(renderers):
-    """A template whose new part depends on the history is refused by the probes: root."""
+def test_history_dependent_template_continues_exactly(renderers):
+    """A template that numbers every turn renders the new part differently after each history: the
+    new part is read from the whole request's rendering, so the continuation is still exact."""
     import copy
 
     from rowgrove.gateway.render import Renderer
@@ -329,9 +332,37 @@ def test_untemplatable_continuation_falls_back_to_root(renderers):
     serve = Serve(renderer)
     msgs = [{"role": "user", "content": "hello"}]
     a1 = assistant("hi")
-    serve(msgs, a1)
-    d = decide(serve.index, msgs + [a1, {"role": "user", "content": "again"}], renderer)
-    assert (d.parent_id, d.reason) == (None, D.NOT_SPLITTABLE)
+    c1, _, _ = serve(msgs, a1)
+    msgs2 = msgs + [a1, {"role": "user", "content": "again"}]
+    d = decide(serve.index, msgs2, renderer)
+    assert (d.parent_id, d.reason, d.drift) == (c1, D.CONTINUATION, False)
+    assert renderer.decode(d.full_prompt_ids) == renderer.render_text(msgs2)
+    assert "user 3" in renderer.decode(d.prompt_ids)
+
+
+def test_history_rewriting_template_keeps_the_sampled_tokens_as_drift(renderers):
+    """A template that renders a past assistant turn differently from what the model sampled: the
+    parent's tokens stay, the new part is the template's, and the call is counted as drift."""
+    import copy
+
+    from rowgrove.gateway.render import Renderer
+
+    tok = copy.deepcopy(renderers["chatml"].tokenizer)
+    old = "{{- content -}}\n        {%- if message.tool_calls -%}"
+    assert old in tok.chat_template
+    tok.chat_template = tok.chat_template.replace(
+        old, "{{- content if loop.last else content | upper -}}\n        {%- if message.tool_calls -%}")
+    renderer = Renderer(tok)
+    serve = Serve(renderer)
+    msgs = [{"role": "user", "content": "hello"}]
+    a1 = assistant("hi there")
+    c1, d1, s1 = serve(msgs, a1)
+    msgs2 = msgs + [a1, {"role": "user", "content": "again"}]
+    d = decide(serve.index, msgs2, renderer)
+    assert (d.parent_id, d.reason, d.drift) == (c1, D.CONTINUATION, True)
+    assert d.full_prompt_ids[: len(d1.full_prompt_ids) + len(s1)] == d1.full_prompt_ids + s1
+    full = renderer.render_text(msgs2)
+    assert "HI THERE" in full and full.endswith(renderer.decode(d.prompt_ids))
 
 
 # -- hashing ----------------------------------------------------------------------------------------

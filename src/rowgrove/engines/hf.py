@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from rowgrove.engines.base import Generation, SamplingParams, StopChecker, check_prompt
 from rowgrove.errors import EngineError, InputError
-from rowgrove.model.load import end_of_turn_id
+from rowgrove.model.load import end_of_turn_id, stop_token_ids
 
 _OS_RANDOM = random.SystemRandom()
 
@@ -103,6 +103,7 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.eot_id = end_of_turn_id(tokenizer)
+        self.stop_ids = frozenset(stop_token_ids(tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eot_id
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
@@ -129,7 +130,7 @@ class HFEngine:
         gen.manual_seed(sampling.seed if sampling.seed is not None else _OS_RANDOM.getrandbits(63))
         req = _Request(prompt=prompt, sampling=sampling, future=loop.create_future(), loop=loop, generator=gen,
                        stop_checker=StopChecker(self.tokenizer, sampling.stop),
-                       stop_ids=frozenset(sampling.stop_token_ids) | {self.eot_id},
+                       stop_ids=frozenset(sampling.stop_token_ids) | self.stop_ids,
                        tops=[] if sampling.top_logprobs else None)
         with self._cond:
             if self._closed:

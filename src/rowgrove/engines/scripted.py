@@ -2,9 +2,11 @@
 the loaded model's real teacher-forced logprobs for it, so everything downstream (ledger, rows,
 the trainer's ratio) sees genuine numbers while the conversation stays predictable.
 
-Reply text: `hints["script"]` when given (any text, a tool call included), else `reply {k}` with
-k = `hints["ordinal"]` (the call's 1-based ordinal in its rollout). Tokens: the tokenizer's
-encoding of that text (no special tokens added) followed by the end-of-turn id. max_tokens, stop
+Reply text: `hints["script"]` when given (any text in the family's native format: a tool call,
+thinking, harmony channels), else `reply {k}` with k = `hints["ordinal"]` (the call's 1-based
+ordinal in its rollout). Tokens: the tokenizer's encoding of that text (no special tokens added),
+followed by the end-of-turn id unless the text already ends with a stop token (gpt-oss
+`<|call|>`, GLM `<|observation|>`); the engine stops at the first stop token, as a sampler would. max_tokens, stop
 strings and stop ids cut it exactly as a sampler would (a cut by max_tokens has no end-of-turn).
 Model work runs in one worker thread, never on the event loop.
 """
@@ -18,7 +20,7 @@ from typing import Any
 
 from rowgrove.engines.base import Generation, SamplingParams, StopChecker, check_prompt, teacher_forced_logprobs
 from rowgrove.errors import EngineError, InputError
-from rowgrove.model.load import end_of_turn_id
+from rowgrove.model.load import end_of_turn_id, stop_token_ids
 
 
 class ScriptedEngine:
@@ -32,6 +34,7 @@ class ScriptedEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.eot_id = end_of_turn_id(tokenizer)
+        self.stop_ids = frozenset(stop_token_ids(tokenizer))
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rowgrove-scripted",
                                         initializer=_set_threads, initargs=(threads,))
@@ -46,8 +49,10 @@ class ScriptedEngine:
             text = f"reply {int(hints['ordinal'])}"
         else:
             raise InputError("scripted engine needs hints['ordinal'] (the call's 1-based ordinal) or hints['script']")
-        full = list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.eot_id]
-        stops = set(sampling.stop_token_ids) | {self.eot_id}
+        full = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if not full or full[-1] not in self.stop_ids:
+            full.append(self.eot_id)
+        stops = set(sampling.stop_token_ids) | self.stop_ids
         checker = StopChecker(self.tokenizer, sampling.stop)
         out: list[int] = []
         for tid in full:

@@ -6,10 +6,14 @@ continuation"). Pure: no I/O, no clock, no "previous call" state.
     continuation  iff  every message after j is user/tool (at least one)
                   and  a completed call of this rollout has summary_hash == hex(h_j)
                        (several, i.e. identical retries: the most recent)
-                  and  that parent's sampled ids end with the end-of-turn id
-                  and  the template renders the new part on its own (`Renderer.render_continuation`)
-    continuation prompt = parent's context (full prompt + sampled) + rendered new part
+                  and  that parent's sampled ids end with a stop id
+                  and  the template's rendering of the whole request locates the end of the
+                       parent's turn exactly (`Renderer.continuation`)
+    continuation prompt = parent's context (full prompt + sampled) + what the template writes after it
     otherwise a root, rendered in full.
+
+A continuation whose history the template renders differently from what the model saw and
+sampled keeps the parent's tokens and is marked `drift` (a history-drift continuation).
 
 `RolloutIndex` holds one rollout's completed calls (by summary hash, with their token contexts) and
 a memo of message hashes, so a call's hashing cost does not grow with the history already hashed:
@@ -47,7 +51,7 @@ NO_ASSISTANT = "no assistant message"
 ENDS_WITH_ASSISTANT = "request ends with an assistant message"
 NOT_USER_OR_TOOL = "a system or developer message follows the last assistant message"
 REWRITTEN = "rewritten history"
-NOT_SPLITTABLE = "template not splittable"
+NOT_SPLITTABLE = "template not splittable"  # the new part could not be located exactly
 PARENT_NO_EOT = "parent ended without end-of-turn"
 
 RECENT_CONTEXTS = 4  # contexts kept whole per rollout (the rest are rebuilt from segments)
@@ -61,7 +65,10 @@ class Decision:
     `prompt_ids` is what the ledger stores: the full prompt for a root, only the new part for a
     continuation. `full_prompt_ids` is what the engine sees (for a continuation: the parent's exact
     context followed by `prompt_ids`). `request_hash` is hex(h_n); `chain` is [h_1, ..., h_n] as
-    bytes. `reason` says why the call is a root (`CONTINUATION` when it is not).
+    bytes. `reason` says why the call is a root (`CONTINUATION` when it is not). `context_text` is
+    the text `full_prompt_ids` encode (the parent's context text + the new part, for a
+    continuation). `drift`: a continuation whose history the template renders differently from
+    the parent's tokens, which were kept.
     """
 
     parent_id: str | None
@@ -70,6 +77,8 @@ class Decision:
     request_hash: str
     chain: list[bytes]
     reason: str
+    context_text: str | None = None
+    drift: bool = False
 
     @property
     def root(self) -> bool:
@@ -87,12 +96,13 @@ def summary_hashes(decision: Decision, response: Mapping[str, Any]) -> tuple[str
 class _Node:
     """One completed call in the index: its parent node, what it added (int32), total length."""
 
-    __slots__ = ("call_id", "last", "length", "parent", "segment")
+    __slots__ = ("call_id", "last", "length", "parent", "segment", "text")
 
-    def __init__(self, call_id: str, parent: _Node | None, segment: np.ndarray):
+    def __init__(self, call_id: str, parent: _Node | None, segment: np.ndarray, text: str | None = None):
         self.call_id = call_id
         self.parent = parent
         self.segment = segment
+        self.text = text  # the text `segment` encodes; None: decoded when first needed
         self.length = (parent.length if parent else 0) + len(segment)
         self.last = int(segment[-1]) if len(segment) else (parent.last if parent else None)
 
@@ -108,6 +118,7 @@ class RolloutIndex:
         self._nodes: dict[str, _Node] = {}
         self._by_summary: dict[str, list[str]] = {}
         self._recent: OrderedDict[str, list[int]] = OrderedDict()
+        self._recent_text: OrderedDict[str, str] = OrderedDict()
         self._memo: dict[tuple[Any, bytes], tuple[bytes, int]] = {}
         self._states = itertools.count(1)
         self._snapshots: list[_Snapshot] = []
@@ -121,8 +132,10 @@ class RolloutIndex:
     # -- adding calls ---------------------------------------------------------------------------
 
     def add_call(self, call_id: str, summary_hash: str, context_ids: np.ndarray | Sequence[int], *,
-                 parent_id: str | None = None) -> None:
-        """Record a completed call: `context_ids` = its full prompt + its sampled ids.
+                 parent_id: str | None = None, context_text: str | None = None) -> None:
+        """Record a completed call: `context_ids` = its full prompt + its sampled ids, and
+        `context_text` the exact text they encode (the rendered prompt + the sampled ids decoded;
+        decoded from the ids when first needed if not given).
 
         With `parent_id` (the decision's parent, already in the index) only what the call added
         after the parent's context is stored; the parent's context must be a prefix of
@@ -137,7 +150,17 @@ class RolloutIndex:
         if parent is not None and not self._extends(ctx, parent):
             parent = None
         start = parent.length if parent is not None else 0
-        self._insert(_Node(call_id, parent, np.asarray(ctx[start:], dtype=np.int32)), summary_hash, ctx)
+        text = None
+        if context_text is not None:
+            if parent is None:
+                text = context_text
+            else:
+                parent_text = self._recent_text.get(parent.call_id)
+                if parent_text is not None and context_text.startswith(parent_text):
+                    text = context_text[len(parent_text):]
+        self._insert(_Node(call_id, parent, np.asarray(ctx[start:], dtype=np.int32), text), summary_hash, ctx)
+        if context_text is not None:
+            self._remember_text(call_id, context_text)
 
     def _extends(self, ctx: list[int], parent: _Node) -> bool:
         """Whether `ctx` can start with `parent`'s context: long enough, and equal to it at both
@@ -171,6 +194,34 @@ class RolloutIndex:
         self._by_summary.setdefault(summary_hash, []).append(node.call_id)
         if ctx is not None:
             self._remember(node.call_id, ctx)
+
+    def _remember_text(self, call_id: str, text: str) -> None:
+        self._recent_text[call_id] = text
+        self._recent_text.move_to_end(call_id)
+        while len(self._recent_text) > RECENT_CONTEXTS:
+            self._recent_text.popitem(last=False)
+
+    def context_text(self, call_id: str, decode: Any) -> str:
+        """The call's full context as text; `decode(ids)` turns a stored segment whose text was
+        not given back into text (special tokens kept)."""
+        held = self._recent_text.get(call_id)
+        if held is not None:
+            self._recent_text.move_to_end(call_id)
+            return held
+        node: _Node | None = self._node(call_id)
+        parts: list[str] = []
+        while node is not None:
+            held = self._recent_text.get(node.call_id)
+            if held is not None:
+                parts.append(held)
+                break
+            if node.text is None:
+                node.text = decode(node.segment.tolist())
+            parts.append(node.text)
+            node = node.parent
+        text = "".join(reversed(parts))
+        self._remember_text(call_id, text)
+        return text
 
     def _remember(self, call_id: str, ctx: list[int]) -> None:
         self._recent[call_id] = ctx
@@ -313,8 +364,8 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
     request_hash = chain[-1].hex()
 
     def root(reason: str) -> Decision:
-        ids = renderer.render_root(messages, tools, options)
-        return Decision(None, ids, ids, request_hash, chain, reason)
+        r = renderer.root(messages, tools, options)
+        return Decision(None, r.ids, r.ids, request_hash, chain, reason, context_text=r.text)
 
     j = len(messages) - 1
     while j >= 0 and messages[j].get("role") != "assistant":
@@ -330,12 +381,15 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
     if not found:
         return root(REWRITTEN)
     parent = found[-1]
-    if index.last_token(parent) != renderer.end_of_turn_id:
+    last = index.last_token(parent)
+    if last is None or last not in renderer.stop_ids:
         return root(PARENT_NO_EOT)
-    new = renderer.render_continuation(tail, tools, options)
+    parent_text = index.context_text(parent, renderer.decode)
+    new = renderer.continuation(messages, j, parent_text, last, tools, options)
     if new is None:
         return root(NOT_SPLITTABLE)
-    return Decision(parent, new, index.context_list(parent) + new, request_hash, chain, CONTINUATION)
+    return Decision(parent, new.ids, index.context_list(parent) + new.ids, request_hash, chain, CONTINUATION,
+                    context_text=parent_text + new.text, drift=new.drift)
 
 
 # -- validation ------------------------------------------------------------------------------------
@@ -449,7 +503,8 @@ def response_message(parsed: ParsedMessage, call_id: str | None = None) -> dict[
     """The assistant message the gateway returns and hashes, from a parsed sampled text: role,
     content (None when only tool calls were said, else a string), tool_calls (arguments as JSON
     strings) when there are any, reasoning_content when there is reasoning. With `call_id`, tool
-    call ids are derived from it (`toolcalls.tool_call_id`), so they are unique across calls."""
+    call ids are derived from it (`toolcalls.tool_call_id`); without, the parser's ids (made in the
+    form the template demands, or sampled by the model) are kept."""
     msg: dict[str, Any] = {"role": "assistant"}
     tool_calls = [dict(tc, function=dict(tc["function"])) for tc in parsed.tool_calls]
     if call_id is not None:

@@ -1,241 +1,359 @@
 """Chat-template rendering for the gateway: a root prompt in full, and the part a continuation adds
-after its parent's sampled tokens, checked rather than assumed.
+after its parent's sampled tokens, taken from the template's rendering of the whole new request.
 
-Why the new part is rendered from a probe. A continuation keeps its parent's exact tokens (prompt +
-sampled, ending with the end-of-turn token) and appends only what the template writes after an
-assistant turn: the glue after the end-of-turn string, the new user/tool messages, and the
-generation prompt. Rendering the parent's real conversation and slicing would be wrong for templates
-that rewrite history (the Qwen3-style template drops earlier `<think>` reasoning once a new user
-message arrives, so rendering(prefix) is not a prefix of rendering(prefix + new)), and it would cost
-O(history) per call. So the new part is rendered after a small neutral *probe* conversation that
-ends with an assistant turn:
+What "exact" means. A root's prompt is `apply_chat_template` of the request's messages prepared as
+the engine's own chat endpoint prepares them (`rowgrove.gateway.preprocess`). A continuation's
+prompt is the parent's exact context (its prompt ids + the ids it sampled, ending with a stop
+token) followed by what the template writes after that turn in the rendering of the whole new
+request:
 
-    text  = template(probe + new, add_generation_prompt=True)
-    k     = end of the probe assistant's end-of-turn string in template(probe)
-    ids   = tokenize(text)                          (add_special_tokens=False)
-    check   text[:k] == template(probe)[:k]         (the probe renders the same with `new` after it)
-    check   ids[:P] == tokenize(text[:k])           (no token merges across the end-of-turn boundary)
-    new part = ids[P:]
+    T = template(prepared(messages), add_generation_prompt=True)
+    P = the parent's context as text (its prompt text + its sampled ids decoded)
 
-and the answer must not depend on the probe: a second, structurally different probe (a system
-message, an earlier exchange, an assistant turn with a tool call) must give the same ids. That
-check is about the template's structure, so it runs once per (tools, options, shape of the new
-messages) and is cached, together with a tokenization of the whole probe rendering. On later calls
-of a known shape the text check runs again, and only end-of-turn + new part is tokenized: exact
-when the end-of-turn token cuts the text (an added token matched on raw text that strips no
-whitespace, checked once per tokenizer); for other tokenizers the whole probe rendering is
-tokenized on every call. Any failure makes `render_continuation` return None and the gateway start
-a root instead.
+    exact:  T starts with P           new part = T[len(P):]
+    drift:  otherwise                 the template renders the history differently from what
+                                      the model saw and sampled (Qwen3 strips earlier <think>,
+                                      gpt-oss ends a past turn with <|end|> where the model
+                                      sampled <|return|>, a harness re-sent tool-call arguments
+                                      in another key order, ...). The parent's tokens are kept
+                                      and the call is counted as a history-drift continuation.
+                                      The boundary b (end of the parent's turn in T) is found by
+                                      rendering once more with one character of the first new
+                                      message changed: b is the end of the last turn-end marker
+                                      before the first difference, and the difference must sit
+                                      exactly at the changed character (so nothing before it
+                                      depends on the new messages' text). Otherwise: a root.
 
-Cost: a continuation renders the probe plus the new messages and tokenizes the new part, never
-the history.
+The new part is tokenized on its own, after the end-of-turn token that precedes it: an added
+token cuts the text, so `tokenize(T)` continues after it exactly as `tokenize(eot + rest)` does.
+Nothing renders a template-dependent "probe": whatever the template does with the history (a
+DeepSeek-R1 template that opens its tool-outputs block once per conversation, a Ministral template
+that checks role alternation, a Mistral template that demands 9-character tool-call ids), the new
+part is what the template itself writes for this request.
+
+Cost: one template render of the request (two on drift), one string comparison with the parent's
+text, and tokenization of the new part only. The direct render of the compiled template replaces
+`apply_chat_template` (the same Jinja, the same variables) once it matched it for a (tools,
+options); a continuation never tokenizes the history.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import jinja2
+import orjson
 
 from rowgrove.errors import BadRequest, InputError
-from rowgrove.hashing import chain_start
+from rowgrove.gateway.preprocess import OPENAI, detect_content_format, engine_message
 
-# apply_chat_template's own parameters: a chat_template_kwargs key with one of these names would
-# change how rendering works rather than what the template sees.
+# apply_chat_template's own parameters, and the variables it fills from the tokenizer: a
+# chat_template_kwargs key with one of these names would change how rendering works (or which
+# special tokens the template writes) rather than pass a template variable.
 _RESERVED_OPTIONS = frozenset({
     "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens",
-    "messages",
+    "messages", "raise_exception", "strftime_now", "namespace", "dict",
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    "additional_special_tokens", "extra_special_tokens",
 })
 
-# The probes: neutral conversations ending with an assistant turn whose content is a marker that
-# locates that turn's end-of-turn string. The second differs in structure (system message, an
-# earlier exchange, a tool call on the last assistant turn) so that a template whose rendering of
-# the new part depends on what came before is caught.
-_MARK_1 = "rowgrove probe reply one"
-_MARK_2 = "rowgrove probe reply two"
-_PROBE_1: list[dict[str, Any]] = [
-    {"role": "user", "content": "rowgrove probe question"},
-    {"role": "assistant", "content": _MARK_1},
-]
-_PROBE_2: list[dict[str, Any]] = [
-    {"role": "system", "content": "rowgrove probe system"},
-    {"role": "user", "content": "rowgrove first probe question"},
-    {"role": "assistant", "content": "rowgrove first probe reply"},
-    {"role": "user", "content": "rowgrove second probe question"},
-    {"role": "assistant", "content": _MARK_2, "tool_calls": [{
-        "id": "call_rowgrove_probe", "type": "function",
-        "function": {"name": "rowgrove_probe", "arguments": "{}"},
-    }]},
-]
+_PREPARED_CACHE = 65536  # prepared messages kept per renderer, by their raw JSON
 
 
-class _Probe:
-    """One probe rendered for one (tools, options): its text through the end-of-turn string and
-    the ids of that text. `ok` is False when the template could not render it usably."""
+@dataclass(frozen=True)
+class Rendered:
+    """A prompt: its ids and the exact text they encode."""
 
-    __slots__ = ("messages", "ok", "prefix_text", "prefix_ids")
+    ids: list[int]
+    text: str
 
-    def __init__(self, messages: list[dict[str, Any]], prefix_text: str = "", prefix_ids: list[int] | None = None):
-        self.messages = messages
-        self.prefix_text = prefix_text
-        self.prefix_ids = prefix_ids or []
-        self.ok = bool(prefix_ids)
+
+@dataclass(frozen=True)
+class Continuation:
+    """What a continuation adds after its parent's context: ids, their text, and whether the
+    template renders the parent's history differently from what the model saw (`drift`)."""
+
+    ids: list[int]
+    text: str
+    drift: bool
 
 
 class Renderer:
     """Renders requests with a tokenizer's chat template into prompt token ids.
 
-    `tokenizer` is a transformers fast tokenizer with a `chat_template`; `end_of_turn_id` is the id
-    the model samples to end its turn (found from the template when not given). Template variables
-    (`options`, the request's `chat_template_kwargs` such as `{"enable_thinking": False}`) and
-    `tools` are passed to the template as `apply_chat_template` does.
+    `tokenizer` is a transformers fast tokenizer with a `chat_template`; `stop_ids` are the ids
+    that end a model turn (`rowgrove.model.load.stop_token_ids`; found from the tokenizer's folder
+    when not given). Template variables (`options`, the request's `chat_template_kwargs` such as
+    `{"enable_thinking": False}`) and `tools` are passed to the template as `apply_chat_template`
+    passes them; tools keep the key order the client sent, which is the order templates render.
     """
 
-    def __init__(self, tokenizer: Any, *, end_of_turn_id: int | None = None):
-        if not getattr(tokenizer, "chat_template", None):
+    def __init__(self, tokenizer: Any, *, stop_ids: Sequence[int] | None = None):
+        if not getattr(tokenizer, "chat_template", None) or not isinstance(tokenizer.chat_template, str):
             raise InputError("the tokenizer has no chat template: load one that ships chat_template.jinja")
         self.tokenizer = tokenizer
-        # Fast paths, each equal to the transformers call it replaces: the backend tokenizer's own
-        # encode (fast tokenizers), and the compiled template rendered directly, trusted per
-        # (tools, options) only after it matched apply_chat_template once.
         self._backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
         self._template = _compiled_template(tokenizer)
         self._special = dict(tokenizer.special_tokens_map)
+        self.content_format = detect_content_format(tokenizer.chat_template)
         self._fast_ok: dict[bytes, bool] = {}
-        if end_of_turn_id is None:
-            from rowgrove.model.load import end_of_turn_id as find_end_of_turn
+        self._prepared: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+        if stop_ids is None:
+            from rowgrove.model.load import stop_token_ids
 
-            end_of_turn_id = find_end_of_turn(tokenizer)
-        self.end_of_turn_id: int = int(end_of_turn_id)
-        self.end_of_turn_text: str = tokenizer.decode([self.end_of_turn_id], skip_special_tokens=False)
-        # The end-of-turn string must come back as that single id, or the boundary can't be found.
-        self._eot_single = self._encode(self.end_of_turn_text) == [self.end_of_turn_id]
-        self._eot_splits = _splits_text(tokenizer, self.end_of_turn_id)
-        self._probes: dict[bytes, tuple[_Probe, _Probe]] = {}
-        self._shapes: dict[tuple[bytes, tuple[Any, ...]], bool] = {}
+            stop_ids = stop_token_ids(tokenizer)
+        self.stop_ids: frozenset[int] = frozenset(int(i) for i in stop_ids)
+        from rowgrove.model.load import end_of_turn_id
 
-    # -- public ---------------------------------------------------------------------------------
+        self.end_of_turn_id: int = end_of_turn_id(tokenizer)
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self._added_text = {int(i): t.content for i, t in added.items()}
+        self._special_text = {int(i): t.content for i, t in added.items() if t.special}
+        self._markers: tuple[str, ...] | None = None
+        self._closing: bool | None = None
+
+    # -- rendering ------------------------------------------------------------------------------
+
+    def prepare(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The messages as the engine's chat endpoint hands them to the template
+        (`preprocess.engine_message`), memoized by each message's raw JSON."""
+        out = []
+        cache = self._prepared
+        for i, m in enumerate(messages):
+            try:
+                key = orjson.dumps(m)
+            except (orjson.JSONEncodeError, TypeError):
+                out.append(engine_message(m, i, self.content_format))
+                continue
+            hit = cache.get(key)
+            if hit is None:
+                hit = engine_message(m, i, self.content_format)
+                cache[key] = hit
+                if len(cache) > _PREPARED_CACHE:
+                    cache.popitem(last=False)
+            out.append(hit)
+        return out
 
     def render_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
                     options: Mapping[str, Any] | None = None, *, add_generation_prompt: bool = True) -> str:
-        """The template's text for `messages`. BadRequest when the template refuses them (an
-        unknown role, a content part it cannot render) or an option clashes with a renderer
-        parameter."""
-        opts = dict(options or {})
-        clash = sorted(_RESERVED_OPTIONS.intersection(opts))
-        if clash:
-            raise BadRequest(
-                f"chat_template_kwargs may not set {', '.join(clash)}: these are rendering parameters, "
-                "not template variables; remove them", param="chat_template_kwargs")
-        msgs, tool_list = list(messages), list(tools) if tools else None
-        try:
-            plain = self._template is not None and all(
-                isinstance(m, dict) and isinstance(m.get("content"), str | None) for m in msgs)
-            key = chain_start(tool_list, opts) if plain else b""
-            ok = self._fast_ok.get(key) if plain else False
-            if ok:
-                return self._template.render(messages=msgs, tools=tool_list,
-                                             add_generation_prompt=add_generation_prompt, **self._special, **opts)
-            text = self.tokenizer.apply_chat_template(
-                msgs, tools=tool_list, add_generation_prompt=add_generation_prompt, tokenize=False, **opts)
-            if plain and ok is None:
-                fast = self._template.render(messages=msgs, tools=tool_list,
-                                             add_generation_prompt=add_generation_prompt, **self._special, **opts)
-                self._fast_ok[key] = fast == text
-            return text
-        except jinja2.TemplateError as e:
-            raise BadRequest(f"the chat template cannot render these messages: {e}", param="messages") from None
+        """The template's text for `messages` (prepared as the engine would). BadRequest when the
+        template refuses them, naming the template's own message, or when an option clashes with
+        a renderer parameter."""
+        return self._render(self.prepare(messages), tools, options, add_generation_prompt)
 
     def render_root(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
                     options: Mapping[str, Any] | None = None) -> list[int]:
         """The full prompt ids of `messages` with the generation prompt (add_special_tokens=False:
         whatever BOS the template writes is the only one)."""
-        return self._encode(self.render_text(messages, tools, options))
+        return self.root(messages, tools, options).ids
 
-    def render_continuation(self, new_messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
-                            options: Mapping[str, Any] | None = None) -> list[int] | None:
-        """The ids that follow a parent's sampled ids (which end with `end_of_turn_id`): template
-        glue after an assistant turn + `new_messages` rendered + the generation prompt.
+    def root(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
+             options: Mapping[str, Any] | None = None) -> Rendered:
+        """`render_root` with the text the ids encode."""
+        text = self.render_text(messages, tools, options)
+        return Rendered(self.encode(text), text)
 
-        None when the template cannot render the new part on its own consistently: the probe's
-        rendering changes when `new_messages` follow it, tokens merge across the end-of-turn
-        boundary, the result depends on the probe, or the template refuses the probe. The caller
-        then renders a root instead.
-        """
-        if not new_messages or not self._eot_single:
+    def continuation(self, messages: Sequence[Mapping[str, Any]], j: int, parent_text: str, parent_last: int,
+                     tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None) -> Continuation | None:
+        """What follows the parent's context when `messages[j]` is the parent's response and
+        `messages[j+1:]` are new user/tool messages (see the module docstring). `parent_text` is
+        the parent's context as text, `parent_last` its last (stop) token id. None when the new
+        part cannot be determined exactly: the caller renders a root."""
+        if parent_last not in self._added_text:
             return None
-        opts = dict(options or {})
-        if _RESERVED_OPTIONS.intersection(opts):
+        prepared = self.prepare(messages)
+        text = self._render(prepared, tools, options, True)
+        if text.startswith(parent_text) and len(text) > len(parent_text):
+            rest = text[len(parent_text):]
+            ids = self._after(parent_last, rest)
+            return None if ids is None else Continuation(ids, rest, False)
+        at = self._drift_boundary(prepared, j, text, tools, options, parent_last)
+        if at is None:
             return None
-        key = chain_start(tools, opts)
-        probes = self._probes.get(key)
-        if probes is None:
-            probes = (self._make_probe(_PROBE_1, _MARK_1, tools, opts), self._make_probe(_PROBE_2, _MARK_2, tools, opts))
-            self._probes[key] = probes
-        first, second = probes
-        if not (first.ok and second.ok):
-            return None
-        new = list(new_messages)
-        shape = (key, _shape(new))
-        verdict = self._shapes.get(shape)
-        ids = self._after_probe(first, new, tools, opts, whole=verdict is None or not self._eot_splits)
-        if ids is None:
-            return None
-        if verdict is None:
-            verdict = ids == self._after_probe(second, new, tools, opts, whole=True)
-            self._shapes[shape] = verdict
-        return ids if verdict else None
+        marker_id, b = at
+        rest = text[b:]
+        ids = self._after(marker_id, rest)
+        return None if ids is None else Continuation(ids, rest, True)
 
-    # -- internals ------------------------------------------------------------------------------
+    def decode(self, ids: Sequence[int]) -> str:
+        """The exact text of `ids`: special tokens kept, no clean-up of spaces."""
+        if self._backend is not None:
+            return self._backend.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, no special tokens added."""
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _make_probe(self, messages: list[dict[str, Any]], mark: str, tools: Sequence[Any] | None,
-                    opts: dict[str, Any]) -> _Probe:
-        try:
-            text = self.render_text(messages, tools, opts, add_generation_prompt=False)
-        except (BadRequest, ValueError, TypeError):
-            return _Probe(messages)
-        at = text.rfind(mark)
-        eot = text.find(self.end_of_turn_text, at + len(mark)) if at >= 0 else -1
-        if eot < 0:
-            return _Probe(messages)
-        prefix = text[: eot + len(self.end_of_turn_text)]
-        ids = self._encode(prefix)
-        if not ids or ids[-1] != self.end_of_turn_id:
-            return _Probe(messages)
-        return _Probe(messages, prefix, ids)
+    # -- internals ------------------------------------------------------------------------------
 
-    def _after_probe(self, probe: _Probe, new: list[Any], tools: Sequence[Any] | None,
-                     opts: dict[str, Any], *, whole: bool) -> list[int] | None:
-        """The ids the template writes after `probe`'s end-of-turn when `new` follows, or None.
-
-        `whole`: tokenize the whole probe rendering and require it to start with the probe's own
-        ids (no merge across the boundary). Otherwise, when the end-of-turn token splits the text
-        (checked once, `_splits_text`), tokenize only end-of-turn + the rest: the same ids at a
-        cost that does not include the probe."""
+    def _render(self, prepared: list[dict[str, Any]], tools: Sequence[Any] | None,
+                options: Mapping[str, Any] | None, add_generation_prompt: bool) -> str:
+        opts = dict(options or {})
+        clash = sorted(_RESERVED_OPTIONS.intersection(opts))
+        if clash:
+            raise BadRequest(
+                f"chat_template_kwargs may not set {', '.join(clash)}: these are rendering parameters "
+                "or the tokenizer's own special tokens, not template variables; remove them",
+                param="chat_template_kwargs")
+        tool_list = list(tools) if tools else None
         try:
-            text = self.render_text(probe.messages + new, tools, opts, add_generation_prompt=True)
-        except (BadRequest, ValueError, TypeError):
+            key = _options_key(tool_list, opts) if self._template is not None else b""
+            ok = self._fast_ok.get(key) if self._template is not None else False
+            if ok:
+                return self._direct(prepared, tool_list, opts, add_generation_prompt)
+            text = self.tokenizer.apply_chat_template(
+                prepared, tools=tool_list, add_generation_prompt=add_generation_prompt, tokenize=False, **opts)
+            if ok is None:
+                self._fast_ok[key] = self._direct(prepared, tool_list, opts, add_generation_prompt) == text
+            return text
+        except RecursionError:
+            raise BadRequest("the chat template could not render these messages: nested too deeply",
+                             param="messages") from None
+        except Exception as e:  # a template that raises is the request's problem, never a 500
+            raise BadRequest(f"the chat template refused these messages: {_template_message(e)}",
+                             param="messages", code="chat_template_error") from None
+
+    def _direct(self, prepared: list[dict[str, Any]], tools: list[Any] | None, opts: dict[str, Any],
+                add_generation_prompt: bool) -> str:
+        # the call apply_chat_template makes after its own normalization, which the prepared
+        # messages already satisfy (no null values, reasoning aliased, plain JSON data)
+        return self._template.render(messages=prepared, tools=tools, documents=None,
+                                     add_generation_prompt=add_generation_prompt, **{**self._special, **opts})
+
+    def _after(self, marker_id: int, rest: str) -> list[int] | None:
+        """The ids of `rest` as they follow the added token `marker_id` in one tokenization."""
+        marker = self._added_text.get(marker_id)
+        if marker is None:
             return None
-        if not text.startswith(probe.prefix_text):
-            return None
-        if whole:
-            ids = self._encode(text)
-            n = len(probe.prefix_ids)
-            if len(ids) <= n or ids[:n] != probe.prefix_ids:
-                return None
-            return ids[n:]
-        ids = self._encode(self.end_of_turn_text + text[len(probe.prefix_text):])
-        if len(ids) <= 1 or ids[0] != self.end_of_turn_id:
+        ids = self.encode(marker + rest)
+        if len(ids) < 2 or ids[0] != marker_id:
             return None
         return ids[1:]
+
+    def _drift_boundary(self, prepared: list[dict[str, Any]], j: int, text: str, tools: Sequence[Any] | None,
+                        options: Mapping[str, Any] | None, parent_last: int) -> tuple[int, int] | None:
+        """(id of the marker that ends the parent's turn in `text`, the offset just after it), or
+        None when it cannot be located exactly (see the module docstring)."""
+        if j + 1 >= len(prepared):
+            return None
+        changed = _change_one_char(prepared[j + 1])
+        if changed is None:
+            return None
+        alt_msg, original, replacement = changed
+        try:
+            alt = self._render(prepared[: j + 1] + [alt_msg] + prepared[j + 2:], tools, options, True)
+        except BadRequest:
+            return None
+        d = _common_prefix(text, alt)
+        if d >= len(text) or d >= len(alt) or text[d] != original or alt[d] != replacement:
+            return None
+        markers, closing = self._turn_markers()
+        best, best_id = -1, None
+        for mid, mtext in markers:
+            at = text.rfind(mtext, 0, d)
+            if at >= 0 and at + len(mtext) > best:
+                best, best_id = at + len(mtext), mid
+        if best_id is None:
+            return None
+        # A marker that opens the next message (GLM's <|user|> / <|observation|>) must be the very
+        # token the model sampled; a marker that closes a turn may stand for any stop token.
+        if best_id != parent_last and not (closing and parent_last in self.stop_ids):
+            return None
+        if not (self._ends_reply(text, best, self._added_text[best_id], prepared[j])
+                or self._same_turn_count(text, best, prepared[: j + 1], tools, options)):
+            return None
+        return best_id, best
+
+    def _same_turn_count(self, text: str, end: int, prefix: list[dict[str, Any]], tools: Sequence[Any] | None,
+                         options: Mapping[str, Any] | None) -> bool:
+        """Whether `text[:end]` holds as many turn markers as the template writes for `prefix`
+        (the conversation through the parent's turn) on its own: the boundary then closes the
+        parent's turn, not an earlier one."""
+        try:
+            alone = self._render(prefix, tools, options, False)
+        except BadRequest:
+            return False
+        markers, _ = self._turn_markers()
+        return sum(text.count(m, 0, end) for _, m in markers) == sum(alone.count(m) for _, m in markers)
+
+    def _turn_markers(self) -> tuple[list[tuple[int, str]], bool]:
+        """The special tokens that end an assistant turn in this template's rendering of history
+        (the stop tokens, plus what the template writes right after an assistant message, such as
+        harmony's <|end|>), and whether they close the turn whatever message follows (True: a
+        rendered marker may stand for any stop token the model sampled) or open the next message
+        (False: GLM's <|user|> / <|observation|> depend on the next role)."""
+        if self._markers is None:
+            found: dict[int, str] = {i: self._added_text[i] for i in self.stop_ids if i in self._added_text}
+            plain = self._marker_after_reply(False, "user")
+            to_tool = self._marker_after_reply(True, "tool")
+            to_user = self._marker_after_reply(True, "user")
+            for mid in (plain, to_tool, to_user):
+                if mid is not None:
+                    found[mid] = self._added_text[mid]
+            self._closing = to_tool is not None and to_tool == to_user
+            self._markers = tuple(found.items())
+        return list(self._markers), bool(self._closing)
+
+    def _marker_after_reply(self, with_call: bool, next_role: str) -> int | None:
+        """The special token the template writes to end an assistant reply (with or without a
+        tool call) followed by a `next_role` message, or None (the template refuses the probe)."""
+        mark = "rowgrove probe reply"
+        reply: dict[str, Any] = {"role": "assistant", "content": mark}
+        if with_call:
+            reply["tool_calls"] = [{"id": "call0rowgrove", "type": "function",
+                                    "function": {"name": "rowgrove_probe", "arguments": "{}"}}]
+        follow = ({"role": "tool", "content": "rowgrove result", "tool_call_id": "call0rowgrove"}
+                  if next_role == "tool" else {"role": "user", "content": "rowgrove next"})
+        try:
+            text = self.render_text([{"role": "user", "content": "rowgrove probe"}, reply, follow],
+                                    None, None, add_generation_prompt=False)
+        except BadRequest:
+            return None
+        at = text.rfind(mark)
+        if at < 0:
+            return None
+        tail = text[at + len(mark):]
+        first: tuple[int, int] | None = None
+        for mid, mtext in self._special_text.items():
+            k = tail.find(mtext)
+            if k >= 0 and (first is None or k < first[0]) and (not tail[:k].strip() or mid in self.stop_ids):
+                first = (k, mid)
+        return None if first is None else first[1]
+
+    def _ends_reply(self, text: str, end: int, marker: str, reply: Mapping[str, Any]) -> bool:
+        """Evidence that `text[:end]` ends with the rendering of `reply`: its content's tail, or
+        one of its tool calls' names, lies after the previous turn marker."""
+        markers, _ = self._turn_markers()
+        start = max((text.rfind(m, 0, end - len(marker)) + len(m) for _, m in markers
+                     if text.rfind(m, 0, end - len(marker)) >= 0), default=0)
+        segment = text[start:end]
+        content = reply.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+        evidence = []
+        if isinstance(content, str) and content.strip():
+            evidence.append(content.strip()[-16:])
+        for tc in reply.get("tool_calls") or ():
+            name = (tc.get("function") or {}).get("name") if isinstance(tc, Mapping) else None
+            if isinstance(name, str) and name:
+                evidence.append(name)
+        return not evidence or any(e in segment for e in evidence)
+
+
+def _options_key(tools: list[Any] | None, opts: Mapping[str, Any]) -> bytes:
+    """What the fast-path verdict is cached by: the tools exactly as sent (key order kept: it is
+    the order templates render) and the template variables."""
+    try:
+        return orjson.dumps([tools, sorted(opts.items())], option=orjson.OPT_NON_STR_KEYS)
+    except (orjson.JSONEncodeError, TypeError):
+        return repr((tools, sorted(opts.items(), key=str))).encode()
 
 
 def _compiled_template(tokenizer: Any) -> Any:
@@ -245,27 +363,64 @@ def _compiled_template(tokenizer: Any) -> Any:
         from transformers.utils.chat_template_utils import _compile_jinja_template
     except ImportError:
         return None
-    return _compile_jinja_template(tokenizer.chat_template)
+    try:
+        return _compile_jinja_template(tokenizer.chat_template)
+    except Exception as e:
+        raise InputError(f"the tokenizer's chat template does not compile: {e}") from None
 
 
-def _splits_text(tokenizer: Any, token_id: int) -> bool:
-    """Whether the added token `token_id` cuts the text it appears in, so that what follows it is
-    tokenized independently of what precedes it: matched on raw text (not normalized), eating no
-    whitespace on either side, not restricted to whole words."""
-    added = getattr(tokenizer, "added_tokens_decoder", {}).get(token_id)
-    if added is None:
-        return False
-    return not (added.normalized or added.lstrip or added.rstrip or added.single_word)
+def _template_message(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    if len(text) > 500:
+        text = text[:497] + "..."
+    return text if not isinstance(e, TypeError | KeyError | AttributeError | IndexError) else f"{type(e).__name__}: {text}"
 
 
-def _shape(messages: list[Any]) -> tuple[Any, ...]:
-    """What the probe-independence verdict is cached by: each new message's role, whether its
-    content is a list of parts, and which optional fields it carries."""
-    out = []
-    for m in messages:
-        if not isinstance(m, Mapping):
-            out.append((type(m).__name__,))
-            continue
-        out.append((m.get("role"), isinstance(m.get("content"), list), "name" in m))
-    return tuple(out)
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of `a` and `b` (bisection on slices: C-speed)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
+
+def _change_one_char(msg: dict[str, Any]) -> tuple[dict[str, Any], str, str] | None:
+    """`msg` with the middle character of its content changed (so a template's startswith /
+    endswith / emptiness checks see the same content), with the original and new character."""
+    content = msg.get("content")
+    if isinstance(content, str):
+        text, where = content, None
+    elif isinstance(content, list):
+        where = next((k for k, p in enumerate(content)
+                      if isinstance(p, Mapping) and isinstance(p.get("text"), str) and p["text"]), None)
+        if where is None:
+            return None
+        text = content[where]["text"]
+    else:
+        return None
+    if not text:
+        return None
+    k = len(text) // 2
+    original = text[k]
+    replacement = "y" if original == "x" else "x"
+    if original.isspace():
+        return None
+    new_text = text[:k] + replacement + text[k + 1:]
+    alt = dict(msg)
+    if where is None:
+        alt["content"] = new_text
+    else:
+        parts = list(content)
+        parts[where] = {**parts[where], "text": new_text}
+        alt["content"] = parts
+    return alt, original, replacement
+
+
+__all__ = ["OPENAI", "Continuation", "Rendered", "Renderer"]

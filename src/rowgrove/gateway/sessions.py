@@ -46,8 +46,7 @@ from rowgrove.gateway.openai_format import (
 )
 from rowgrove.gateway.render import Renderer
 from rowgrove.ledger import Ledger
-from rowgrove.model.load import end_of_turn_id
-from rowgrove.toolcalls import parse_assistant_text
+from rowgrove.parsers import detect_reasoning_parser, detect_tool_parser, parse_output, tool_call_id_style
 from rowgrove.types import Call, Rollout
 
 MiB = 1 << 20
@@ -63,6 +62,8 @@ class GatewaySettings:
     engine_timeout: float = 600.0      # seconds one generation may take; beyond: 504, call failed
     retry_after: float = 1.0           # the Retry-After hint (seconds) sent with 429/503
     default_max_tokens: int = 1024     # max_tokens when the request names none
+    tool_parser: str | None = None     # how sampled tool calls are read (vLLM's names); None: from the template
+    reasoning_parser: str | None = None  # how sampled reasoning is split off; None: from the template
 
 
 class Unavailable(Overloaded):
@@ -123,7 +124,12 @@ class Gateway:
         self.settings = settings or GatewaySettings()
         self.tokenizer = engine.tokenizer
         self.renderer = Renderer(self.tokenizer)
-        self.eot_id = end_of_turn_id(self.tokenizer)
+        self.stop_ids = self.renderer.stop_ids
+        self.eot_id = self.renderer.end_of_turn_id
+        template = self.tokenizer.chat_template
+        self.tool_parser = self.settings.tool_parser or detect_tool_parser(template)
+        self.reasoning_parser = self.settings.reasoning_parser or detect_reasoning_parser(template)
+        self.tool_call_ids = tool_call_id_style(template)
         self.token_text = TokenText(self.tokenizer)
         self.sessions: dict[str, RolloutSession] = {}
         self.in_flight = 0
@@ -232,6 +238,7 @@ class Gateway:
             prompt_len=len(plan.full_prompt_ids),
             request_hash=plan.request_hash,
             request_key=key,
+            history_drift=plan.drift,
         )
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_consume_exception)
@@ -290,22 +297,25 @@ class Gateway:
                                  sampled_ids=gen.token_ids, logprobs=gen.logprobs)
             raise
         if session.index is not None:
+            text = None if plan.context_text is None else plan.context_text + self.renderer.decode(gen.token_ids)
             session.index.add_call(call.id, summary, plan.full_prompt_ids + list(gen.token_ids),
-                                   parent_id=plan.parent_id)
+                                   parent_id=plan.parent_id, context_text=text)
         return body
 
     def _response(self, req: ChatRequest, call: Call, plan: Decision, gen: Any) -> tuple[dict, dict, str]:
         """(completion body, the assistant message it carries, finish reason)."""
 
         ids = list(gen.token_ids)
-        body_ids = ids[:-1] if ids and gen.finish_reason == "stop" and ids[-1] == self.eot_id else ids
-        text = self.tokenizer.decode(body_ids, skip_special_tokens=False)
+        body_ids = ids[:-1] if ids and gen.finish_reason == "stop" and ids[-1] in self.stop_ids else ids
+        text = self.renderer.decode(body_ids)
         if gen.finish_reason == "stop" and req.sampling.stop:
             cuts = [text.find(s) for s in req.sampling.stop]
             cuts = [c for c in cuts if c >= 0]
             if cuts:
                 text = text[: min(cuts)]
-        message = response_message(parse_assistant_text(text, id_seed=call.id), call.id)
+        parsed = parse_output(text, tool_parser=self.tool_parser, reasoning_parser=self.reasoning_parser,
+                              id_seed=call.id, tools=req.tools, id_style=self.tool_call_ids)
+        message = response_message(parsed)
         finish = "tool_calls" if message.get("tool_calls") and gen.finish_reason == "stop" else gen.finish_reason
         lp = None
         if req.logprobs:
@@ -341,6 +351,10 @@ class Gateway:
             for c in convs:
                 validate_messages(c, None)
             record = {"conversations": convs}
+        if body.get("accepted_call_ids") is not None:
+            from rowgrove.assemble.select import check_accepted_call_ids
+
+            record["accepted_call_ids"] = check_accepted_call_ids(body["accepted_call_ids"])
         reward = body.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward:
             raise BadRequest(f"'reward' must be a number, got {reward!r}", param="reward")
@@ -359,15 +373,19 @@ class Gateway:
 
     def lineage(self, session: RolloutSession) -> dict[str, Any]:
         ro = self.ledger.get_rollout(session.rollout_id)
+        calls = self.ledger.calls(ro.id)
         return {
             "rollout_id": ro.id,
             "group_id": ro.group_id,
             "status": ro.status,
+            "continuations": sum(not c.root for c in calls),
+            "history_drift_calls": sum(c.history_drift for c in calls),
             "calls": [
                 {"id": c.id, "ordinal": c.ordinal, "parent_id": c.parent_id, "root": c.root,
                  "status": c.status, "prompt_tokens": c.prompt_len,
-                 "completion_tokens": int(len(c.sampled_ids)), "finish_reason": c.finish_reason}
-                for c in self.ledger.calls(ro.id)
+                 "completion_tokens": int(len(c.sampled_ids)), "finish_reason": c.finish_reason,
+                 "history_drift": c.history_drift}
+                for c in calls
             ],
         }
 

@@ -24,7 +24,7 @@ import orjson
 from rowgrove.errors import Conflict, InputError, NotFound
 from rowgrove.types import Call, Rollout
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: calls.history_drift (a version-1 ledger is migrated on open)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS calls (
     summary_hash  TEXT,
     response_hash TEXT,
     request_key   TEXT,
+    history_drift INTEGER NOT NULL DEFAULT 0,      -- continuation whose history the template re-renders differently
     response      BLOB,                            -- JSON body sent to the harness
     error         TEXT,
     created_at    REAL NOT NULL,
@@ -73,7 +74,7 @@ CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts (status, created_at);
 _CALL_COLUMNS = (
     "id, rollout_id, ordinal, parent_id, root, status, prompt_ids, prompt_len, sampled_ids, "
     "logprobs, finish_reason, request_hash, summary_hash, response_hash, request_key, response, "
-    "error, created_at, completed_at"
+    "error, created_at, completed_at, history_drift"
 )
 _ROLLOUT_COLUMNS = (
     "id, group_id, api_key, status, metadata, reward, valid, record, created_at, finished_at"
@@ -110,7 +111,7 @@ def _call_from_row(r: tuple) -> Call:
         prompt_ids=unpack_ids(r[6]), prompt_len=r[7], sampled_ids=unpack_ids(r[8]),
         logprobs=unpack_floats(r[9]), finish_reason=r[10], request_hash=r[11],
         summary_hash=r[12], response_hash=r[13], request_key=r[14], response=_unjson(r[15]),
-        error=r[16], created_at=r[17], completed_at=r[18],
+        error=r[16], created_at=r[17], completed_at=r[18], history_drift=bool(r[19]),
     )
 
 
@@ -142,6 +143,13 @@ class Ledger:
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
         version = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if version is not None and version[0] == "1" and not readonly:
+            # version 1 lacks calls.history_drift: every call it holds predates drift detection
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(calls)")}
+            if "history_drift" not in cols:
+                self._db.execute("ALTER TABLE calls ADD COLUMN history_drift INTEGER NOT NULL DEFAULT 0")
+            self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+            version = (str(SCHEMA_VERSION),)
         if version is None or int(version[0]) != SCHEMA_VERSION:
             raise InputError(
                 f"ledger {self.path} has schema version {version and version[0]}, this rowgrove "
@@ -242,8 +250,11 @@ class Ledger:
         request_hash: str,
         request_key: str | None = None,
         call_id: str | None = None,
+        history_drift: bool = False,
     ) -> Call:
-        """Record a call as pending before the engine is asked; assigns its ordinal."""
+        """Record a call as pending before the engine is asked; assigns its ordinal.
+        `history_drift`: a continuation that kept its parent's tokens where the template renders
+        the history differently."""
         now = time.time()
         cid = call_id or "chatcmpl-" + secrets.token_hex(12)
         blob = pack_ids(prompt_ids)
@@ -258,10 +269,10 @@ class Ledger:
             try:
                 self._db.execute(
                     "INSERT INTO calls(id, rollout_id, ordinal, parent_id, root, status, prompt_ids, "
-                    "prompt_len, request_hash, request_key, created_at) "
-                    "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
+                    "prompt_len, request_hash, request_key, created_at, history_drift) "
+                    "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)",
                     (cid, rollout_id, ordinal, parent_id, int(parent_id is None), blob, prompt_len,
-                     request_hash, request_key, now),
+                     request_hash, request_key, now, int(history_drift)),
                 )
             except sqlite3.IntegrityError as e:
                 self._next_ordinal.pop(rollout_id, None)
@@ -276,6 +287,7 @@ class Ledger:
             id=cid, rollout_id=rollout_id, ordinal=ordinal, parent_id=parent_id,
             root=parent_id is None, status="pending", prompt_ids=unpack_ids(blob),
             prompt_len=prompt_len, request_hash=request_hash, request_key=request_key, created_at=now,
+            history_drift=history_drift,
         )
 
     def complete_call(

@@ -1,0 +1,136 @@
+"""Messages as an inference server hands them to a Hugging Face chat template.
+
+The prompt a row trains on must be the prompt the model's own chat endpoint would build, so the
+gateway prepares each OpenAI message the way vLLM's `vllm/entrypoints/chat_utils.py` does
+before `apply_chat_template` (SGLang's `conversation`/`jinja_template_utils` does the same):
+
+- only the fields a template may read are kept: role, content, tool_calls (assistant),
+  tool_call_id (tool), name, and reasoning; SDK noise (`refusal`, `annotations`, `audio`,
+  `function_call`, any `null`) is dropped;
+- content `null` becomes `""` (a tool-call turn as the gateway returns it);
+- content given as a list of parts is flattened to one string (text parts joined by "\\n") for
+  templates that take a string; templates that iterate over `message.content` ("openai" content
+  format, detected from the template's syntax tree as vLLM does) get a list of text parts, and a
+  plain string is wrapped into one;
+- tool-call `arguments` (a JSON string on the wire) are parsed to an object: templates such as
+  Qwen3-Coder and GLM-4.6 iterate `arguments | items`, and every template writes an object the way
+  the model sampled it rather than as an escaped string;
+- `reasoning_content` / `reasoning` set both names on an assistant message, and (as transformers'
+  `apply_chat_template` does) `thinking` too, for harmony templates.
+
+Pure: no I/O. `BadRequest` names the message and field when a message cannot be prepared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jinja2
+import jinja2.nodes as jn
+import orjson
+
+from rowgrove.errors import BadRequest
+
+STRING = "string"
+OPENAI = "openai"
+_TEXT_PARTS = ("text", "input_text", "output_text", "refusal")
+
+
+def detect_content_format(chat_template: str) -> str:
+    """"openai" when the template loops over a message's content (so it expects a list of parts),
+    else "string" — the rule of vLLM's `_detect_content_format`: a `for` over `m.content` /
+    `m['content']`, or over a variable assigned from one."""
+    try:
+        ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(chat_template)
+    except jinja2.TemplateError:
+        return STRING
+    names: set[str] = set()
+    for node in ast.find_all(jn.Assign):
+        if isinstance(node.target, jn.Name) and _is_content_access(node.node):
+            names.add(node.target.name)
+    for loop in ast.find_all(jn.For):
+        it = loop.iter
+        if isinstance(it, jn.Filter) and it.node is not None:
+            it = it.node
+        if _is_content_access(it) or (isinstance(it, jn.Name) and it.name in names):
+            return OPENAI
+    return STRING
+
+
+def _is_content_access(node: jn.Node) -> bool:
+    if isinstance(node, jn.Getattr):
+        return node.attr == "content"
+    if isinstance(node, jn.Getitem):
+        return isinstance(node.arg, jn.Const) and node.arg.value == "content"
+    return False
+
+
+def engine_message(msg: Mapping[str, Any], index: int, content_format: str = STRING) -> dict[str, Any]:
+    """One OpenAI message as the engine's chat endpoint passes it to the template (see the module
+    docstring). The input must already be a valid message (`decide.validate_messages`)."""
+    role = msg.get("role")
+    out: dict[str, Any] = {"role": role}
+    out["content"] = _content(msg.get("content"), index, content_format)
+    if role == "assistant":
+        calls = msg.get("tool_calls")
+        if calls:
+            out["tool_calls"] = [_tool_call(tc, index, k) for k, tc in enumerate(calls)]
+        reasoning = msg.get("reasoning")
+        if reasoning is None:
+            reasoning = msg.get("reasoning_content")
+        if reasoning is not None:
+            # key order as transformers' _alias_reasoning_fields builds it
+            out = {"thinking": reasoning, **out, "reasoning": reasoning, "reasoning_content": reasoning}
+    elif role == "tool" and msg.get("tool_call_id") is not None:
+        out["tool_call_id"] = msg["tool_call_id"]
+    name = msg.get("name")
+    if isinstance(name, str):
+        out["name"] = name
+    return out
+
+
+def engine_messages(messages: Sequence[Mapping[str, Any]], content_format: str = STRING) -> list[dict[str, Any]]:
+    """`engine_message` for each message."""
+    return [engine_message(m, i, content_format) for i, m in enumerate(messages)]
+
+
+def _content(content: Any, index: int, content_format: str) -> Any:
+    if content is None:
+        return [] if content_format == OPENAI else ""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content_format == OPENAI else content
+    texts: list[str] = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in _TEXT_PARTS:
+            text = part.get("refusal") if kind == "refusal" else part.get("text")
+            if not isinstance(text, str):
+                raise BadRequest(f"messages[{index}].content[{k}]: a {kind} part needs a string", param="messages")
+            texts.append(text)
+        else:
+            raise BadRequest(
+                f"messages[{index}].content[{k}]: parts of type {kind!r} cannot be rendered by this "
+                "model's chat template (text parts only): send text, or serve a model that takes this input",
+                param="messages")
+    if content_format == OPENAI:
+        return [{"type": "text", "text": t} for t in texts]
+    return "\n".join(texts)
+
+
+def _tool_call(tc: Mapping[str, Any], index: int, k: int) -> dict[str, Any]:
+    fn = tc.get("function") or {}
+    args: Any = fn.get("arguments")
+    if not args:
+        args = {}
+    elif isinstance(args, str):
+        try:
+            args = orjson.loads(args)
+        except orjson.JSONDecodeError as e:
+            raise BadRequest(
+                f"messages[{index}].tool_calls[{k}].function.arguments is not valid JSON ({e}): send the "
+                "arguments exactly as the model's tool call returned them", param="messages") from None
+    out: dict[str, Any] = {k2: v for k2, v in tc.items() if v is not None and k2 != "function"}
+    out.setdefault("type", "function")
+    out["function"] = {**{k2: v for k2, v in fn.items() if v is not None}, "arguments": args}
+    return out
