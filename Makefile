@@ -1,4 +1,6 @@
-# The two commands a new user needs: `make demo` and `make test`. Each creates .venv on first use.
+# The two commands a new user needs: `make demo` and `make test`. Each creates .venv on first use,
+# with the `dev` and `frameworks` extras (the agent frameworks tests/frameworks drives through the
+# gateway), and reinstalls when pyproject.toml changes.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -6,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,frameworks]'
 	touch $(STAMP)
 
 .PHONY: demo test bench install

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from rowgrove.assemble.select import Match, record_conversations, select_calls
+from rowgrove.assemble.select import Match, record_accepted_ids, record_conversations, select_calls
 from rowgrove.types import Call, Rollout, Row
 
 
@@ -38,6 +38,7 @@ REASONS = {
     "inconsistent_ledger": "stored prompt lengths do not add up along a chain",
     "harness_invalid": "the harness finished the rollout with valid=false",
     "nothing_to_train": "no completed or accepted call",
+    "unknown_call_id": "accepted_call_ids names a call that is not a completed call of this rollout",
 }
 
 
@@ -109,9 +110,11 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
     matches: list[Match] = []
     convs = record_conversations(rollout.record)
     has_assistant = any(type(m) is dict and m.get("role") == "assistant" for conv in convs for m in conv)
-    if has_assistant:
+    if has_assistant or record_accepted_ids(rollout.record):
         source = "record"
         sel = select_calls(rollout.record, calls)
+        for kind, text in sel.problems:
+            fail(kind, text)
         accepted = sel.accepted
         matches = sel.matches
         unmatched = sel.unmatched

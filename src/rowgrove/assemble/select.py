@@ -16,6 +16,19 @@ over the candidate calls of its assistant messages. A path is scored, in this or
 3. the later calls (sum of ordinals): between two retries with the same text that nothing else
    tells apart, the most recent one, as the gateway picks the most recent parent.
 Messages with a single candidate (the usual case) cost one dict lookup.
+
+Harnesses that rewrite the model's turns (smolagents re-sends a tool call as assistant text,
+`"Calling tools:\n[...]"`, with every content as a list of parts) leave no assistant message that
+matches a call. They name what they kept instead: the finish body's `accepted_call_ids` (the `id`
+of each chat.completion kept), stored as `record["accepted_call_ids"]`. Then:
+- the accepted calls are the union of the matched ones and the named ones;
+- an assistant message that matches no call is taken to be the harness's rewrite of a named call
+  that no message matched: such messages and such calls are paired in order (messages in record
+  order, calls in ordinal order; `Match.by == "accepted_id"`). Messages left over once the named
+  calls run out stay unmatched: the rollout is invalid, as without ids;
+- a named id that is not a completed call of this rollout is a problem (`Selection.problems`,
+  kind `unknown_call_id`): the rollout cannot be traced to what the model sampled. The gateway's
+  finish route can refuse it up front (`check_accepted_call_ids(value, calls)`).
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rowgrove.errors import InputError
+from rowgrove.errors import BadRequest, InputError
 from rowgrove.hashing import message_hash
 from rowgrove.types import Call
 
@@ -37,14 +50,19 @@ class Match:
     message: int
     call_id: str | None
     candidates: int
+    by: str = "hash"   # "hash": the message's canonical hash; "accepted_id": paired with a named call
 
 
 @dataclass
 class Selection:
-    """Accepted call ids (matched by the record) and how every assistant message was matched."""
+    """Accepted call ids (matched by the record, or named by its `accepted_call_ids`), how every
+    assistant message was matched, and `problems`: (kind, explanation) pairs that make the rollout
+    invalid besides unmatched messages (`unknown_call_id`: a named id that is not a completed
+    call of this rollout)."""
 
     accepted: set[str] = field(default_factory=set)
     matches: list[Match] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def unmatched(self) -> list[Match]:
@@ -71,6 +89,48 @@ def record_conversations(record: Mapping[str, Any] | None) -> list[list[Mapping[
             raise InputError(f"record conversation {i} must be a list of messages")
         convs.append(list(conv))
     return convs
+
+
+def check_accepted_call_ids(value: Any, calls: Sequence[Call] | None = None) -> list[str]:
+    """The `accepted_call_ids` of a finish body, checked: a list of call id strings (duplicates
+    dropped, order kept). With `calls` (the rollout's calls), an id that is not a completed call
+    of this rollout is refused too, naming it: a harness that sends a wrong id learns it at finish
+    rather than from an invalid rollout. BadRequest, param `accepted_call_ids`."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise BadRequest("'accepted_call_ids' must be a list of call id strings (the 'id' of each "
+                         "chat.completion the harness kept)", param="accepted_call_ids")
+    ids = list(dict.fromkeys(value))
+    if calls is not None:
+        bad = _bad_ids(ids, {c.id: c for c in calls})
+        if bad:
+            raise BadRequest(f"'accepted_call_ids': {bad[0][1]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""),
+                             param="accepted_call_ids")
+    return ids
+
+
+def _bad_ids(ids: Sequence[str], by_id: Mapping[str, Call]) -> list[tuple[str, str]]:
+    """(id, explanation) for each named id that is not a completed call of the rollout."""
+    bad: list[tuple[str, str]] = []
+    for cid in ids:
+        c = by_id.get(cid)
+        if c is None:
+            bad.append((cid, f"{cid} is not a call of this rollout (send the 'id' of a chat.completion "
+                             "this rollout's base_url answered)"))
+        elif c.status != "completed":
+            bad.append((cid, f"{cid} is a call that did not complete ({c.status}): it sampled nothing "
+                             "that can be trained"))
+    return bad
+
+
+def record_accepted_ids(record: Mapping[str, Any] | None) -> list[str]:
+    """The record's `accepted_call_ids` ([] when it names none). Malformed entries are skipped
+    here; the finish route refuses them before they are stored."""
+    if not isinstance(record, Mapping):
+        return []
+    ids = record.get("accepted_call_ids")
+    if not isinstance(ids, list):
+        return []
+    return list(dict.fromkeys(i for i in ids if isinstance(i, str) and i))
 
 
 def _is_ancestor(a: Call, b: Call, by_id: Mapping[str, Call]) -> bool:
@@ -149,5 +209,25 @@ def select_calls(record: Mapping[str, Any] | None, calls: Sequence[Call]) -> Sel
         for mi, c, cands in zip(positions, path, steps, strict=True):
             sel.matches.append(Match(ci, mi, c.id, len(cands)))
             sel.accepted.add(c.id)
+    named = record_accepted_ids(record)
+    if named:
+        _apply_accepted_ids(sel, named, by_id)
     sel.matches.sort(key=lambda m: (m.conversation, m.message))
     return sel
+
+
+def _apply_accepted_ids(sel: Selection, named: Sequence[str], by_id: Mapping[str, Call]) -> None:
+    """Add the named calls to the accepted ones; pair the unmatched messages with the named calls
+    no message matched (both in order); record each bad id as a problem (see the module doc)."""
+    bad = _bad_ids(named, by_id)
+    for _, text in bad:
+        sel.problems.append(("unknown_call_id", f"accepted_call_ids: {text}"))
+    bad_ids = {cid for cid, _ in bad}
+    good = [cid for cid in named if cid not in bad_ids]
+    matched = {m.call_id for m in sel.matches if m.call_id is not None}
+    unclaimed = sorted((cid for cid in good if cid not in matched), key=lambda i: by_id[i].ordinal)
+    sel.accepted.update(good)
+    pending = sorted(sel.unmatched, key=lambda m: (m.conversation, m.message))
+    for m, cid in zip(pending, unclaimed):
+        m.call_id = cid
+        m.by = "accepted_id"

@@ -73,9 +73,12 @@ class GatewayHandle:
 
     def finish(self, rollout_id: str, *, messages: list[dict] | None = None,
                conversations: list[list[dict]] | None = None, reward: float,
-               valid: bool | None = None) -> dict[str, Any]:
-        """POST /v1/rollouts/{id}/finish with the accepted conversation(s) and the reward."""
+               valid: bool | None = None, accepted_call_ids: list[str] | None = None) -> dict[str, Any]:
+        """POST /v1/rollouts/{id}/finish with the accepted conversation(s) and the reward (and the
+        ids of calls the harness kept whose turns it rewrote, `accepted_call_ids`)."""
         body: dict[str, Any] = {"reward": reward}
+        if accepted_call_ids is not None:
+            body["accepted_call_ids"] = accepted_call_ids
         if messages is not None:
             body["messages"] = messages
         if conversations is not None:
