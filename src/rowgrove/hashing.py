@@ -82,6 +82,9 @@ def canonical_message(msg: Mapping[str, Any]) -> dict[str, Any]:
         )
     out: dict[str, Any] = {"role": role}
     content = msg.get("content")
+    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], Mapping) \
+            and content[0].get("type") == "text" and isinstance(content[0].get("text"), str):
+        content = content[0]["text"]  # one text part renders as its string for every template
     if isinstance(content, list):
         out["content"] = [_canonical_part(p) for p in content]
     elif content is not None and not isinstance(content, str):
@@ -112,8 +115,11 @@ def message_hash(msg: Mapping[str, Any]) -> bytes:
 
 
 def chain_start(tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None) -> bytes:
-    """h0: what the template renders before any message (tools, template kwargs)."""
-    return _h(orjson.dumps({"tools": list(tools or ()), "options": dict(options or {})}, option=_ORJSON))
+    """h0: what the template renders before any message. Tools keep the key order the client
+    sent (templates render a schema in that order, so two orders are two different prompts);
+    template kwargs are compared as a mapping."""
+    tools_blob = orjson.dumps(list(tools or ()))
+    return _h(tools_blob + b"\x00" + orjson.dumps(dict(options or {}), option=_ORJSON))
 
 
 def chain_step(prev: bytes, msg_digest: bytes) -> bytes:

@@ -31,6 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds one generation may take before 504 (default 600)")
     p.add_argument("--max-tokens", type=int, default=1024,
                    help="max_tokens for requests that name none (default 1024)")
+    p.add_argument("--tool-parser", default=None,
+                   help="how sampled tool calls are read, by vLLM's names: hermes, llama3_json, mistral, "
+                        "qwen3_coder, deepseek_v31, deepseek_v3, openai, glm45, kimi_k2, none "
+                        "(default: detected from the chat template)")
+    p.add_argument("--reasoning-parser", default=None,
+                   help="how sampled reasoning is split off: qwen3, deepseek_r1, deepseek_v3, openai, glm45, "
+                        "kimi_k2, mistral, none (default: detected from the chat template)")
     p.add_argument("--device", default="cpu", help="torch device of the engine (cpu, cuda, cuda:1, ...)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
@@ -51,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
     settings = GatewaySettings(
         admin_key=args.admin_key or None, max_body_bytes=args.max_body_bytes, max_queue=args.max_queue,
         engine_timeout=args.engine_timeout, default_max_tokens=args.max_tokens,
+        tool_parser=args.tool_parser, reasoning_parser=args.reasoning_parser,
     )
     engine = make_engine(args.engine, args.model, device=args.device)
+    _say_model_format(engine.tokenizer, settings)
     ledger = Ledger(args.ledger)
     try:
         serve(engine, ledger, host=args.host, port=args.port, settings=settings, log_level=args.log_level)
@@ -60,3 +69,18 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(engine.aclose())
         ledger.close()
     return 0
+
+
+def _say_model_format(tokenizer, settings) -> None:
+    """One start-up line: which parsers serve this model and which tokens stop its turns."""
+    import sys
+
+    from rowgrove.gateway.sessions import choose_parsers
+    from rowgrove.model.load import stop_token_ids
+
+    tool, reasoning = choose_parsers(tokenizer.chat_template, settings)
+    how = {None: "detected from the chat template", "none": "off"}
+    stops = ", ".join(tokenizer.convert_ids_to_tokens(stop_token_ids(tokenizer)))
+    print(f"rowgrove: tool parser {tool or 'none'} ({how.get(settings.tool_parser, 'given')}), "
+          f"reasoning parser {reasoning or 'none'} ({how.get(settings.reasoning_parser, 'given')}), "
+          f"stop tokens {stops}", file=sys.stderr, flush=True)

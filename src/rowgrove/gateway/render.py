@@ -297,33 +297,39 @@ class Renderer:
             for mid in (plain, to_tool, to_user):
                 if mid is not None:
                     found[mid] = self._added_text[mid]
-            self._closing = to_tool is not None and to_tool == to_user
+            seen = {m for m in (plain, to_tool, to_user) if m is not None}
+            self._closing = (to_tool is not None and to_tool == to_user) or len(seen) == 1
             self._markers = tuple(found.items())
         return list(self._markers), bool(self._closing)
 
     def _marker_after_reply(self, with_call: bool, next_role: str) -> int | None:
         """The special token the template writes to end an assistant reply (with or without a
         tool call) followed by a `next_role` message, or None (the template refuses the probe)."""
-        mark = "rowgrove probe reply"
-        reply: dict[str, Any] = {"role": "assistant", "content": mark}
-        if with_call:
-            reply["tool_calls"] = [{"id": "call0rowgrove", "type": "function",
-                                    "function": {"name": "rowgrove_probe", "arguments": "{}"}}]
-        follow = ({"role": "tool", "content": "rowgrove result", "tool_call_id": "call0rowgrove"}
+        mark = "rowgrove_probe" if with_call else "rowgrove probe reply"
+        reply: dict[str, Any] = {"role": "assistant", "content": "" if with_call else mark}
+        if with_call:  # many templates drop a tool-call turn's content: the anchor is the call's name
+            reply["tool_calls"] = [{"id": "call0rowg", "type": "function",
+                                    "function": {"name": mark, "arguments": "{}"}}]
+        follow = ({"role": "tool", "content": "rowgrove result", "tool_call_id": "call0rowg"}
                   if next_role == "tool" else {"role": "user", "content": "rowgrove next"})
         try:
             text = self.render_text([{"role": "user", "content": "rowgrove probe"}, reply, follow],
                                     None, None, add_generation_prompt=False)
         except BadRequest:
             return None
-        at = text.rfind(mark)
+        at = text.find(mark)  # the reply's, not the tool message's header that may repeat the name
         if at < 0:
             return None
         tail = text[at + len(mark):]
+        plain = self._marker_after_reply(False, "user") if with_call else None
         first: tuple[int, int] | None = None
         for mid, mtext in self._special_text.items():
             k = tail.find(mtext)
-            if k >= 0 and (first is None or k < first[0]) and (not tail[:k].strip() or mid in self.stop_ids):
+            if k < 0 or (first is not None and k >= first[0]):
+                continue
+            # after a reply's text: the first special token; after a tool call's syntax (which may
+            # hold special tokens of its own): the first stop token or plain-reply marker
+            if (mid in self.stop_ids or mid == plain) if with_call else (not tail[:k].strip() or mid in self.stop_ids):
                 first = (k, mid)
         return None if first is None else first[1]
 

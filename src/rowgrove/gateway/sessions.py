@@ -91,6 +91,27 @@ class RolloutSession:
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
 
 
+def choose_parsers(chat_template: str, settings: GatewaySettings) -> tuple[str | None, str | None]:
+    """(tool parser, reasoning parser): the settings' names, "none" for none, or (None given)
+    detected from the chat template. InputError for a name rowgrove does not know."""
+    from rowgrove.errors import InputError
+    from rowgrove.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+    out = []
+    for given, known, detect, flag in (
+            (settings.tool_parser, TOOL_PARSERS, detect_tool_parser, "--tool-parser"),
+            (settings.reasoning_parser, REASONING_PARSERS, detect_reasoning_parser, "--reasoning-parser")):
+        if given is None:
+            out.append(detect(chat_template))
+        elif given == "none":
+            out.append(None)
+        elif given in known:
+            out.append(given)
+        else:
+            raise InputError(f"{flag} {given!r} is not a parser rowgrove knows: use one of {', '.join(known)} or none")
+    return out[0], out[1]
+
+
 _LOOPBACK_CACHE: dict[str, bool] = {}
 
 
@@ -126,10 +147,8 @@ class Gateway:
         self.renderer = Renderer(self.tokenizer)
         self.stop_ids = self.renderer.stop_ids
         self.eot_id = self.renderer.end_of_turn_id
-        template = self.tokenizer.chat_template
-        self.tool_parser = self.settings.tool_parser or detect_tool_parser(template)
-        self.reasoning_parser = self.settings.reasoning_parser or detect_reasoning_parser(template)
-        self.tool_call_ids = tool_call_id_style(template)
+        self.tool_parser, self.reasoning_parser = choose_parsers(self.tokenizer.chat_template, self.settings)
+        self.tool_call_ids = tool_call_id_style(self.tokenizer.chat_template)
         self.token_text = TokenText(self.tokenizer)
         self.sessions: dict[str, RolloutSession] = {}
         self.in_flight = 0
@@ -354,7 +373,8 @@ class Gateway:
         if body.get("accepted_call_ids") is not None:
             from rowgrove.assemble.select import check_accepted_call_ids
 
-            record["accepted_call_ids"] = check_accepted_call_ids(body["accepted_call_ids"])
+            record["accepted_call_ids"] = check_accepted_call_ids(body["accepted_call_ids"],
+                                                                  self.ledger.calls(session.rollout_id))
         reward = body.get("reward")
         if isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward:
             raise BadRequest(f"'reward' must be a number, got {reward!r}", param="reward")

@@ -20,7 +20,7 @@ TINY_SPECS = {"tiny": "chatml", "tiny-chatml": "chatml", "tiny-qwen3": "qwen3", 
 # template writes after an assistant turn, which the model samples to end it.
 _END_OF_TURN_CANDIDATES = (
     "<|im_end|>", "<|eot_id|>", "<|return|>", "<|end|>", "<end_of_turn>", "<｜end▁of▁sentence｜>",
-    "<|end_of_text|>", "<|endoftext|>",
+    "<|end_of_text|>", "<|endoftext|>", "<|user|>",
 )
 # Tokens that end a model turn in some family, used only when the model folder has no
 # generation_config.json eos list: Llama's <|eom_id|> (after a built-in tool call), harmony's
