@@ -2,7 +2,12 @@
 overhead: ratio <= 1.2; this measures decide alone), with the baseline of hashing every message of
 every request from scratch (no memo) measured in the same run.
 
-    .venv/bin/python bench/bench_decide.py [--model tiny] [--calls 200] [--reps 5]
+    .venv/bin/python bench/bench_decide.py [--model tiny | --family qwen3] [--calls 200] [--reps 5]
+
+`--family NAME` runs on a tiny model built around a real model's chat template (the catalog in
+tests/families.py, templates read from ../shared/templates): `--family qwen3` is the real Qwen3
+template, whose continuations are found in its rendering of the whole request (O(history) Jinja
+per call, the price of exactness for templates that look at the whole conversation).
 
 Also reported: call 200 vs call 2 (the first continuation), since a root's cost (call 1) includes
 rendering the system prompt and tools, which continuations never do.
@@ -70,7 +75,8 @@ def run_once(renderer: Any, msgs: list[dict[str, Any]], replies: list[dict[str, 
         body = format_assistant_text(None, [(fn["name"], json.loads(fn["arguments"]))])
         sampled = tok.encode(body, add_special_tokens=False) + [renderer.end_of_turn_id]
         summary, _ = D.summary_hashes(d, reply)
-        index.add_call(f"c{k}", summary, d.full_prompt_ids + sampled, parent_id=d.parent_id)
+        index.add_call(f"c{k}", summary, d.full_prompt_ids + sampled, parent_id=d.parent_id,
+                       context_text=d.context_text + renderer.decode(sampled))
     return times
 
 
@@ -92,6 +98,7 @@ def _no_memo_index() -> Any:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="tiny")
+    ap.add_argument("--family", default=None, help="a family of tests/families.py (e.g. qwen3); overrides --model")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="fewer calls and repeats (smoke check)")
@@ -102,6 +109,13 @@ def main(argv: list[str] | None = None) -> dict:
     from rowgrove.gateway.render import Renderer
     from rowgrove.model.load import load_tokenizer
 
+    if args.family:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from families import family_model_dir
+
+        args.model = str(family_model_dir(args.family))
     renderer = Renderer(load_tokenizer(args.model))
     msgs, replies = conversation(args.calls)
     run_once(renderer, msgs, replies, memo=True)  # warm-up (template compile, probe caches)
@@ -122,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     idx = D.RolloutIndex()
     final = D.decide(idx, msgs[:n_msgs], renderer, tools=TOOLS)
     result = {
-        "model": args.model,
+        "model": args.family or args.model,
         "calls": args.calls,
         "reps": args.reps,
         "messages_in_last_request": n_msgs,
@@ -146,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
     assert final.root  # a fresh index: the same request rendered whole, for scale
     for k, v in result.items():
         print(f"{k:40s} {v}")
-    out = Path(__file__).parent / "results" / "decide.json"
+    name = "decide.json" if not args.family else f"decide-{args.family}.json"
+    out = Path(__file__).parent / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
