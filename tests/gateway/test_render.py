@@ -49,7 +49,7 @@ def test_messages_reach_the_template_as_vllm_prepares_them():
     parts = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
     assert engine_messages([parts])[0]["content"] == "a\nb"
     assert engine_messages([parts], OPENAI)[0]["content"] == [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    assert engine_messages([{"role": "user", "content": "s"}], OPENAI)[0]["content"] == [{"type": "text", "text": "s"}]
+    assert engine_messages([{"role": "user", "content": "s"}], OPENAI)[0]["content"] == "s"  # as SGLang passes it
     with pytest.raises(BadRequest, match=r"messages\[0\].tool_calls\[0\].function.arguments is not valid JSON"):
         engine_messages([{"role": "assistant", "content": "", "tool_calls": [
             {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}])

@@ -10,8 +10,8 @@ before `apply_chat_template` (SGLang's `conversation`/`jinja_template_utils` doe
 - content `null` becomes `""` (a tool-call turn as the gateway returns it);
 - content given as a list of parts is flattened to one string (text parts joined by "\\n") for
   templates that take a string; templates that iterate over `message.content` ("openai" content
-  format, detected from the template's syntax tree as vLLM does) get a list of text parts, and a
-  plain string is wrapped into one;
+  format, detected from the template's syntax tree as vLLM does) get the list of text parts; a
+  plain string stays a string, as SGLang passes it;
 - tool-call `arguments` (a JSON string on the wire) are parsed to an object: templates such as
   Qwen3-Coder and GLM-4.6 iterate `arguments | items`, and every template writes an object the way
   the model sampled it rather than as an escaped string;
@@ -96,10 +96,13 @@ def engine_messages(messages: Sequence[Mapping[str, Any]], content_format: str =
 
 
 def _content(content: Any, index: int, content_format: str) -> Any:
+    # A string stays a string in both formats: templates that loop over parts test `is string`
+    # first, and wrapping it (vLLM's "openai" format) makes GLM-4.6 print a tool result as a
+    # Python repr (vLLM issue #39614; SGLang passes the string, sglang #22595).
     if content is None:
-        return [] if content_format == OPENAI else ""
+        return ""
     if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content_format == OPENAI else content
+        return content
     texts: list[str] = []
     for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, Mapping) else None

@@ -398,8 +398,9 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def _change_one_char(msg: dict[str, Any]) -> tuple[dict[str, Any], str, str] | None:
-    """`msg` with the middle character of its content changed (so a template's startswith /
-    endswith / emptiness checks see the same content), with the original and new character."""
+    """`msg` with the non-space character nearest the middle of its content changed (so a
+    template's startswith / endswith / emptiness checks see the same content), with the original
+    and new character."""
     content = msg.get("content")
     if isinstance(content, str):
         text, where = content, None
@@ -411,13 +412,14 @@ def _change_one_char(msg: dict[str, Any]) -> tuple[dict[str, Any], str, str] | N
         text = content[where]["text"]
     else:
         return None
-    if not text:
+    # the non-space character nearest the middle (a space may be stripped or split on)
+    mid = len(text) // 2
+    k = next((i for d in range(len(text)) for i in (mid - d, mid + d)
+              if 0 <= i < len(text) and not text[i].isspace()), None)
+    if k is None:
         return None
-    k = len(text) // 2
     original = text[k]
     replacement = "y" if original == "x" else "x"
-    if original.isspace():
-        return None
     new_text = text[:k] + replacement + text[k + 1:]
     alt = dict(msg)
     if where is None:
