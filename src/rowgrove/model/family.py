@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -184,26 +181,7 @@ def build_family_model(out_dir: str | Path, *, chat_template: str, special_token
                                eos_token=eos_token, bos_token=bos_token, pad_token=pad_token,
                                extra_tokens=extra_tokens, add_bos=add_bos, seed=seed, layers=layers, hidden=hidden)
     out = Path(out_dir)
-    if _complete_hash(out) == chash:
-        return out
-    if out.exists() and any(out.iterdir()) and _complete_hash(out) is None:
-        raise InputError(f"{out} exists and is not a family-model build: pass an empty or new directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        _write(tmp, chat_template=chat_template, specials=specials, extra=extra, eos_tokens=list(eos_tokens),
-               eos=eos, bos=bos_token, pad=pad_token, add_bos=add_bos, seed=seed, layers=layers, hidden=hidden,
-               chash=chash)
-        if out.exists():
-            if _complete_hash(out) == chash:  # another builder finished first
-                return out
-            shutil.rmtree(out)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if _complete_hash(out) != chash:
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return tiny._build_cached(out, chash, lambda tmp: _write(
+        tmp, chat_template=chat_template, specials=specials, extra=extra, eos_tokens=list(eos_tokens), eos=eos,
+        bos=bos_token, pad=pad_token, add_bos=add_bos, seed=seed, layers=layers, hidden=hidden, chash=chash),
+        complete_hash=_complete_hash, kind="family-model")

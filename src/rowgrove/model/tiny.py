@@ -20,7 +20,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from rowgrove.errors import InputError
@@ -145,6 +145,40 @@ def _complete_hash(path: Path) -> str | None:
         return None
 
 
+def _build_cached(out: Path, chash: str, write: Callable[[Path], None], *,
+                  complete_hash: Callable[[Path], str | None] = _complete_hash, kind: str = "tiny-model") -> Path:
+    """Make `out` hold the complete build whose config hash is `chash` and return `out`.
+
+    Promises: when `complete_hash(out) == chash` already, `out` is returned untouched and `write`
+    is not called. A non-empty `out` that is not a build (`complete_hash` is None) is refused with
+    InputError ("... is not a {kind} build ..."). Otherwise `write(tmp)` builds into a fresh
+    sibling temp dir, which then replaces `out` (another build there is removed) by one rename;
+    when a concurrent builder completes the same build first, its result is kept. The temp dir
+    never survives the call.
+    """
+    if complete_hash(out) == chash:
+        return out
+    if out.exists() and any(out.iterdir()) and complete_hash(out) is None:
+        raise InputError(f"{out} exists and is not a {kind} build: pass an empty or new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write(tmp)
+        if out.exists():
+            if complete_hash(out) == chash:  # another builder finished first
+                return out
+            shutil.rmtree(out)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if complete_hash(out) != chash:
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def build_tiny_model(out_dir: str | Path, *, template: str = "chatml", seed: int = 0, layers: int = 2,
                      hidden: int = 64, vocab_size: int = 1024, extra_corpus: Sequence[str] = ()) -> Path:
     """Build the tiny model into `out_dir` and return it as a Path.
@@ -164,28 +198,9 @@ def build_tiny_model(out_dir: str | Path, *, template: str = "chatml", seed: int
     out = Path(out_dir)
     chash = config_hash(template=template, seed=seed, layers=layers, hidden=hidden,
                         vocab_size=vocab_size, extra_corpus=extra_corpus)
-    if _complete_hash(out) == chash:
-        return out
-    if out.exists() and any(out.iterdir()) and _complete_hash(out) is None:
-        raise InputError(f"{out} exists and is not a tiny-model build: pass an empty or new directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        _write(tmp, template=template, seed=seed, layers=layers, hidden=hidden, vocab_size=vocab_size,
-               extra_corpus=extra_corpus, chash=chash)
-        if out.exists():
-            if _complete_hash(out) == chash:  # another builder finished first
-                return out
-            shutil.rmtree(out)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if _complete_hash(out) != chash:
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return _build_cached(out, chash, lambda tmp: _write(tmp, template=template, seed=seed, layers=layers,
+                                                        hidden=hidden, vocab_size=vocab_size,
+                                                        extra_corpus=extra_corpus, chash=chash))
 
 
 def cache_root() -> Path:

@@ -8,6 +8,8 @@ A tool parser module exposes `parse(text, tools) -> ToolParse`; a reasoning pars
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +85,43 @@ def finish(pieces: list[str], calls: list[RawCall], errors: list[str]) -> ToolPa
     if calls:
         content = content.strip()
     return ToolParse(content, calls, errors)
+
+
+def scan_blocks(text: str, blocks: Iterable[re.Match[str]],
+                read: Callable[[re.Match[str]], RawCall | list[RawCall] | str], *,
+                label: str, open_tag: str, close_tag: str, markers: tuple[str, ...] = ()) -> ToolParse:
+    """Read the delimited tool-call `blocks` (matches in `text`, in order) with `read`.
+
+    `read(match)` gives a RawCall, a list of them, or a message for a malformed block. Promises:
+    calls come out in text order; a malformed block stays in the content verbatim and adds the
+    error `"{label} N: message"`, N counting calls plus errors so far; an `open_tag` left after
+    the last block adds `"{label} N: {open_tag} without {close_tag} (output cut short?)"`; when
+    any call was read, each of `markers` (section tags around the calls) is removed from the
+    content. The content is then joined as `finish` does. Never raises unless `read` does.
+    """
+    calls: list[RawCall] = []
+    errors: list[str] = []
+    pieces: list[str] = []
+    pos = 0
+    for m in blocks:
+        pieces.append(text[pos:m.start()])
+        got = read(m)
+        if isinstance(got, str):
+            errors.append(f"{label} {len(calls) + len(errors) + 1}: {got}")
+            pieces.append(m.group(0))
+        elif isinstance(got, list):
+            calls.extend(got)
+        else:
+            calls.append(got)
+        pos = m.end()
+    tail = text[pos:]
+    if open_tag in tail:
+        errors.append(f"{label} {len(calls) + len(errors) + 1}: {open_tag} without {close_tag} (output cut short?)")
+    pieces.append(tail)
+    if calls:
+        for marker in markers:
+            pieces = [p.replace(marker, "") for p in pieces]
+    return finish(pieces, calls, errors)
 
 
 def tool_properties(tools: list | None, name: str) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 
-from rowgrove.parsers._common import RawCall, ToolParse, arguments_json, finish
+from rowgrove.parsers._common import RawCall, ToolParse, arguments_json, scan_blocks
 
 NAMES = ("deepseek_v31", "deepseek_v3")
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -43,23 +43,6 @@ def parse(text: str, tools: list | None = None) -> ToolParse:
         if CALLS_BEGIN in text:
             return ToolParse(text, [], [f"deepseek call 1: {CALLS_BEGIN} without {CALL_BEGIN} (output cut short?)"])
         return ToolParse(text)
-    calls: list[RawCall] = []
-    errors: list[str] = []
-    pieces: list[str] = []
-    pos = 0
-    for m in _CALL.finditer(text):
-        pieces.append(text[pos:m.start()])
-        got = _read(m.group(1), m.group(2))
-        if isinstance(got, str):
-            errors.append(f"deepseek call {len(calls) + len(errors) + 1}: {got}")
-            pieces.append(m.group(0))
-        else:
-            calls.append(got)
-        pos = m.end()
-    tail = text[pos:]
-    if CALL_BEGIN in tail:
-        errors.append(f"deepseek call {len(calls) + len(errors) + 1}: {CALL_BEGIN} without {CALL_END} (output cut short?)")
-    pieces.append(tail)
-    if calls:  # the section markers are syntax, not content
-        pieces = [p.replace(CALLS_BEGIN, "").replace(CALLS_END, "") for p in pieces]
-    return finish(pieces, calls, errors)
+    return scan_blocks(text, _CALL.finditer(text), lambda m: _read(m.group(1), m.group(2)),
+                       label="deepseek call", open_tag=CALL_BEGIN, close_tag=CALL_END,
+                       markers=(CALLS_BEGIN, CALLS_END))  # the section markers are syntax, not content

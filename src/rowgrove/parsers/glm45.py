@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from rowgrove.parsers._common import RawCall, ToolParse, dumps, finish, schema_type, think_split, tool_properties
+from rowgrove.parsers._common import RawCall, ToolParse, dumps, scan_blocks, schema_type, think_split, tool_properties
 
 NAMES = ("glm45", "glm47")
 REASONING_NAMES = ("glm45",)
@@ -56,24 +56,8 @@ def _read(body: str, tools: list | None) -> RawCall | str:
 
 
 def parse(text: str, tools: list | None = None) -> ToolParse:
-    calls: list[RawCall] = []
-    errors: list[str] = []
-    pieces: list[str] = []
-    pos = 0
-    for m in _BLOCK.finditer(text):
-        pieces.append(text[pos:m.start()])
-        got = _read(m.group(1), tools)
-        if isinstance(got, str):
-            errors.append(f"glm45 block {len(calls) + len(errors) + 1}: {got}")
-            pieces.append(m.group(0))
-        else:
-            calls.append(got)
-        pos = m.end()
-    tail = text[pos:]
-    if OPEN in tail:
-        errors.append(f"glm45 block {len(calls) + len(errors) + 1}: {OPEN} without {CLOSE} (output cut short?)")
-    pieces.append(tail)
-    return finish(pieces, calls, errors)
+    return scan_blocks(text, _BLOCK.finditer(text), lambda m: _read(m.group(1), tools),
+                       label="glm45 block", open_tag=OPEN, close_tag=CLOSE)
 
 
 def split(text: str) -> tuple[str | None, str | None]:

@@ -10,32 +10,22 @@ block stays in the content, and `"parameters"` or a JSON-string `"arguments"` is
 from __future__ import annotations
 
 import json
+import re
 
-from rowgrove.parsers._common import RawCall, ToolParse, finish
+from rowgrove.parsers._common import RawCall, ToolParse, scan_blocks
 from rowgrove.toolcalls import _BLOCK, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, _read_block
 
 NAMES = ("hermes",)
 
 
+def _read(m: re.Match[str]) -> RawCall | str:
+    got = _read_block(m.group(1).strip())
+    return got if isinstance(got, str) else RawCall(got[0], got[1])
+
+
 def parse(text: str, tools: list | None = None) -> ToolParse:
-    calls: list[RawCall] = []
-    errors: list[str] = []
-    pieces: list[str] = []
-    pos = 0
-    for m in _BLOCK.finditer(text):
-        pieces.append(text[pos:m.start()])
-        got = _read_block(m.group(1).strip())
-        if isinstance(got, str):
-            errors.append(f"hermes block {len(calls) + len(errors) + 1}: {got}")
-            pieces.append(m.group(0))
-        else:
-            calls.append(RawCall(got[0], got[1]))
-        pos = m.end()
-    tail = text[pos:]
-    if TOOL_CALL_OPEN in tail:
-        errors.append(f"hermes block {len(calls) + len(errors) + 1}: {TOOL_CALL_OPEN} without {TOOL_CALL_CLOSE} (output cut short?)")
-    pieces.append(tail)
-    return finish(pieces, calls, errors)
+    return scan_blocks(text, _BLOCK.finditer(text), _read,
+                       label="hermes block", open_tag=TOOL_CALL_OPEN, close_tag=TOOL_CALL_CLOSE)
 
 
 def format_call(name: str, arguments: dict) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 
-from rowgrove.parsers._common import RawCall, ToolParse, arguments_json, finish, think_split
+from rowgrove.parsers._common import RawCall, ToolParse, arguments_json, scan_blocks, think_split
 
 NAMES = ("kimi_k2",)
 REASONING_NAMES = ("kimi_k2",)
@@ -42,26 +42,9 @@ def parse(text: str, tools: list | None = None) -> ToolParse:
         if SECTION_BEGIN in text:
             return ToolParse(text, [], [f"kimi_k2 call 1: {SECTION_BEGIN} without {CALL_BEGIN} (output cut short?)"])
         return ToolParse(text)
-    calls: list[RawCall] = []
-    errors: list[str] = []
-    pieces: list[str] = []
-    pos = 0
-    for m in _CALL.finditer(text):
-        pieces.append(text[pos:m.start()])
-        got = _read(m.group(1), m.group(2))
-        if isinstance(got, str):
-            errors.append(f"kimi_k2 call {len(calls) + len(errors) + 1}: {got}")
-            pieces.append(m.group(0))
-        else:
-            calls.append(got)
-        pos = m.end()
-    tail = text[pos:]
-    if CALL_BEGIN in tail:
-        errors.append(f"kimi_k2 call {len(calls) + len(errors) + 1}: {CALL_BEGIN} without {CALL_END} (output cut short?)")
-    pieces.append(tail)
-    if calls:
-        pieces = [p.replace(SECTION_BEGIN, "").replace(SECTION_END, "") for p in pieces]
-    return finish(pieces, calls, errors)
+    return scan_blocks(text, _CALL.finditer(text), lambda m: _read(m.group(1), m.group(2)),
+                       label="kimi_k2 call", open_tag=CALL_BEGIN, close_tag=CALL_END,
+                       markers=(SECTION_BEGIN, SECTION_END))
 
 
 def split(text: str) -> tuple[str | None, str | None]:

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from rowgrove.parsers._common import RawCall, ToolParse, dumps, finish, schema_type, tool_properties
+from rowgrove.parsers._common import RawCall, ToolParse, dumps, scan_blocks, schema_type, tool_properties
 
 NAMES = ("qwen3_coder", "qwen3_xml")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -92,25 +92,9 @@ def _read_functions(body: str, tools: list | None) -> list[RawCall] | str:
 
 
 def parse(text: str, tools: list | None = None) -> ToolParse:
-    calls: list[RawCall] = []
-    errors: list[str] = []
-    pieces: list[str] = []
-    pos = 0
     blocks = list(_BLOCK.finditer(text)) or list(_BARE.finditer(text))  # vLLM's fallback: bare <function=..>
-    for m in blocks:
-        pieces.append(text[pos:m.start()])
-        got = _read_functions(m.group(1) if m.re is _BLOCK else m.group(0), tools)
-        if isinstance(got, str):
-            errors.append(f"qwen3_coder block {len(calls) + len(errors) + 1}: {got}")
-            pieces.append(m.group(0))
-        else:
-            calls.extend(got)
-        pos = m.end()
-    tail = text[pos:]
-    if OPEN in tail:
-        errors.append(f"qwen3_coder block {len(calls) + len(errors) + 1}: {OPEN} without {CLOSE} (output cut short?)")
-    pieces.append(tail)
-    return finish(pieces, calls, errors)
+    return scan_blocks(text, blocks, lambda m: _read_functions(m.group(1) if m.re is _BLOCK else m.group(0), tools),
+                       label="qwen3_coder block", open_tag=OPEN, close_tag=CLOSE)
 
 
 def format_call(name: str, arguments: dict) -> str:
