@@ -3,7 +3,7 @@
 A context is `head + [note] + rounds`: the head is the system/user prompt, a round is one accepted
 assistant message followed by its tool results. A rewrite changes messages the model already
 saw, so the gateway's next call is a new root and the rollout becomes several rows. The policies
-mirror real harnesses (see shared/seeds/001): keep the last N tool rounds (BrowseComp agent's
+mirror real harnesses (see NeMo RL PR #4124): keep the last N tool rounds (BrowseComp agent's
 `keep_rounds`), drop old reasoning every K actions (Gym's compaction client), collapse old
 environment states (Aviary's `collapse_old_env_states`).
 

@@ -1,8 +1,8 @@
 """Group baselines: one advantage per rollout, computed per explicit group id.
 
 Why this module exists: frameworks have shipped GRPO baselines computed over rows instead of
-rollouts (seed 000), and groups inferred by reshaping a flat reward vector, which silently turns
-into a batch-wide baseline when group sizes are uneven (seed 004: a group whose rewards are all
+rollouts (NeMo RL PR #4124), and groups inferred by reshaping a flat reward vector, which silently turns
+into a batch-wide baseline when group sizes are uneven (slime PR #2204: a group whose rewards are all
 5.0 got -1.090909 instead of 0). Here a group is whatever rollouts share a `group_id`, in any
 order, of any size; nothing is inferred.
 

@@ -1,7 +1,7 @@
 """Mini-batches cut by whole rollouts, never by rows.
 
 If mini-batches were cut by rows, a rollout split into more rows would add optimizer updates to
-the step (seed 002's second normalization, N/R extra updates, is exactly that). Cutting by
+the step (the agent-lightning v1.0 report's second normalization, N/R extra updates, is exactly that). Cutting by
 rollouts makes the number of updates ceil(R / rollouts_per_minibatch) whatever the row count, and
 keeps every row of a rollout in the same update, so its loss weights are computed together.
 """

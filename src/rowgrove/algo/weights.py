@@ -64,7 +64,7 @@ def loss_weights(rows: Sequence[Row], mode: str = "token-mean") -> list[np.ndarr
     scale_N = np.zeros(len(rows), np.float64)  # weight of one generated token of row i
 
     if mode == "token-mean":
-        # divisor: T, generated tokens of valid rollouts in these rows (seed 000: 7 + 7 = 14)
+        # divisor: T, generated tokens of valid rollouts in these rows (NeMo RL PR #4124: 7 + 7 = 14)
         total = gen_N.sum()
         if total > 0:
             scale_N = np.where(gen_N > 0, 1.0 / total, 0.0)

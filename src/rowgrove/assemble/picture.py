@@ -1,4 +1,4 @@
-"""Lineage pictures: a rollout's calls as a forest (a tree per root), like seed 003's figure.
+"""Lineage pictures: a rollout's calls as a forest (a tree per root), like NeMo RL PR #4124's figure.
 
 Each call is drawn as `cN` (its ordinal). Continuations hang under their parent; a new root (a
 context rewrite) starts a new tree. Rejected calls are marked ✗, accepted calls ●, the accepted

@@ -1,5 +1,5 @@
-"""Root or continuation, decided per call before generation (DESIGN.md, "Deciding root or
-continuation"). Pure: no I/O, no clock, no "previous call" state.
+"""Root or continuation, decided per call before generation (docs/gateway.md, "How decide works").
+Pure: no I/O, no clock, no "previous call" state.
 
     h0 = chain_start(tools, options); h_i = chain_step(h_{i-1}, message_hash(m_i))
     j  = the last assistant message
