@@ -316,19 +316,24 @@ def test_concurrent_branches_each_find_their_own_parent(renderer):
     assert decide(serve.index, right + [ar, {"role": "user", "content": "next"}], renderer).parent_id == cr
 
 
-def test_history_dependent_template_continues_exactly(renderers):
-    """A template that numbers every turn renders the new part differently after each history: the
-    new part is read from the whole request's rendering, so the continuation is still exact."""
+def _patched(renderer, old: str, new: str):
+    """A Renderer over a copy of `renderer`'s tokenizer whose template has `old` replaced by `new`."""
     import copy
 
     from rowgrove.gateway.render import Renderer
 
-    tok = copy.deepcopy(renderers["chatml"].tokenizer)
-    tok.chat_template = tok.chat_template.replace(
-        "{{- '<|im_start|>' + message.role + '\\n' + render_content(message.content) + '<|im_end|>\\n' -}}",
-        "{{- '<|im_start|>' + message.role + ' ' + (loop.index | string) + '\\n' + render_content(message.content) + '<|im_end|>\\n' -}}",
-    )
-    renderer = Renderer(tok)
+    tok = copy.deepcopy(renderer.tokenizer)
+    assert old in tok.chat_template, "the template changed: update this test's patch"
+    tok.chat_template = tok.chat_template.replace(old, new)
+    return Renderer(tok)
+
+
+def test_history_dependent_template_continues_exactly(renderers):
+    """A template that numbers every turn renders the new part differently after each history: the
+    new part is read from the whole request's rendering, so the continuation is still exact."""
+    renderer = _patched(renderers["chatml"],
+                        "{{- '<|im_start|>' + message.role + '\\n' + render_content(message.content) + '<|im_end|>\\n' -}}",
+                        "{{- '<|im_start|>' + message.role + ' ' + (loop.index | string) + '\\n' + render_content(message.content) + '<|im_end|>\\n' -}}")
     serve = Serve(renderer)
     msgs = [{"role": "user", "content": "hello"}]
     a1 = assistant("hi")
@@ -343,16 +348,8 @@ def test_history_dependent_template_continues_exactly(renderers):
 def test_history_rewriting_template_keeps_the_sampled_tokens_as_drift(renderers):
     """A template that renders a past assistant turn differently from what the model sampled: the
     parent's tokens stay, the new part is the template's, and the call is counted as drift."""
-    import copy
-
-    from rowgrove.gateway.render import Renderer
-
-    tok = copy.deepcopy(renderers["chatml"].tokenizer)
-    old = "{{- content -}}\n        {%- if message.tool_calls -%}"
-    assert old in tok.chat_template
-    tok.chat_template = tok.chat_template.replace(
-        old, "{{- content if loop.last else content | upper -}}\n        {%- if message.tool_calls -%}")
-    renderer = Renderer(tok)
+    renderer = _patched(renderers["chatml"], "{{- content -}}\n        {%- if message.tool_calls -%}",
+                        "{{- content if loop.last else content | upper -}}\n        {%- if message.tool_calls -%}")
     serve = Serve(renderer)
     msgs = [{"role": "user", "content": "hello"}]
     a1 = assistant("hi there")

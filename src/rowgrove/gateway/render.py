@@ -47,7 +47,7 @@ from typing import Any
 import orjson
 
 from rowgrove.errors import BadRequest, InputError
-from rowgrove.gateway.preprocess import OPENAI, detect_content_format, engine_message
+from rowgrove.gateway.preprocess import detect_content_format, engine_message
 
 # apply_chat_template's own parameters, and the variables it fills from the tokenizer: a
 # chat_template_kwargs key with one of these names would change how rendering works (or which
@@ -292,8 +292,8 @@ class Renderer:
         if self._markers is None:
             found: dict[int, str] = {i: self._added_text[i] for i in self.stop_ids if i in self._added_text}
             plain = self._marker_after_reply(False, "user")
-            to_tool = self._marker_after_reply(True, "tool")
-            to_user = self._marker_after_reply(True, "user")
+            to_tool = self._marker_after_reply(True, "tool", plain)
+            to_user = self._marker_after_reply(True, "user", plain)
             for mid in (plain, to_tool, to_user):
                 if mid is not None:
                     found[mid] = self._added_text[mid]
@@ -302,9 +302,10 @@ class Renderer:
             self._markers = tuple(found.items())
         return list(self._markers), bool(self._closing)
 
-    def _marker_after_reply(self, with_call: bool, next_role: str) -> int | None:
+    def _marker_after_reply(self, with_call: bool, next_role: str, plain: int | None = None) -> int | None:
         """The special token the template writes to end an assistant reply (with or without a
-        tool call) followed by a `next_role` message, or None (the template refuses the probe)."""
+        tool call) followed by a `next_role` message, or None (the template refuses the probe).
+        `plain`: the marker after a plain reply, also accepted after a tool call's syntax."""
         mark = "rowgrove_probe" if with_call else "rowgrove probe reply"
         reply: dict[str, Any] = {"role": "assistant", "content": "" if with_call else mark}
         if with_call:  # many templates drop a tool-call turn's content: the anchor is the call's name
@@ -321,7 +322,6 @@ class Renderer:
         if at < 0:
             return None
         tail = text[at + len(mark):]
-        plain = self._marker_after_reply(False, "user") if with_call else None
         first: tuple[int, int] | None = None
         for mid, mtext in self._special_text.items():
             k = tail.find(mtext)
@@ -431,4 +431,4 @@ def _change_one_char(msg: dict[str, Any]) -> tuple[dict[str, Any], str, str] | N
     return alt, original, replacement
 
 
-__all__ = ["OPENAI", "Continuation", "Rendered", "Renderer"]
+__all__ = ["Continuation", "Rendered", "Renderer"]
