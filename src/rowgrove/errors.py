@@ -6,7 +6,8 @@
     ├── AuthError                      wrong or missing key (401)
     ├── NotFound                       unknown rollout or call (404)
     ├── Conflict                       the thing is in the wrong state, e.g. a finished rollout (409)
-    ├── Overloaded                     the bounded queue is full: retry later (429/503)
+    ├── Overloaded                     the bounded queue is full: retry later (429)
+    │   └── Unavailable                shutting down, or the engine is overloaded: retry later (503)
     └── EngineError                    the inference engine failed (502) or timed out (504)
 
 Each message names the offending thing (rollout ids, fields) and says what to do. The gateway
@@ -53,6 +54,11 @@ class Overloaded(RowgroveError):
     def __init__(self, message: str, retry_after: float = 1.0):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class Unavailable(Overloaded):
+    """The server is shutting down, or the engine behind it is overloaded or not ready (503 with
+    Retry-After: retry later or elsewhere)."""
 
 
 class EngineError(RowgroveError):

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from rowgrove.engines.base import Engine
-from rowgrove.errors import AuthError, BadRequest, Conflict, EngineError, Overloaded
+from rowgrove.errors import AuthError, BadRequest, Conflict, EngineError, Overloaded, Unavailable
 from rowgrove.gateway.decide import (
     Decision,
     RolloutIndex,
@@ -64,10 +64,6 @@ class GatewaySettings:
     default_max_tokens: int = 1024     # max_tokens when the request names none
     tool_parser: str | None = None     # how sampled tool calls are read (vLLM's names); None: from the template
     reasoning_parser: str | None = None  # how sampled reasoning is split off; None: from the template
-
-
-class Unavailable(Overloaded):
-    """The server is shutting down or its engine is not ready (503, retry elsewhere or later)."""
 
 
 class BodyTooLarge(BadRequest):
@@ -279,7 +275,9 @@ class Gateway:
 
     async def _generate_and_commit(self, session: RolloutSession, req: ChatRequest, call: Call,
                                    plan: Decision) -> dict[str, Any]:
-        hints = {"ordinal": call.ordinal, "script": req.script}
+        # rollout_id keeps a rollout on one server (prefix cache); call_id names the request there
+        hints = {"ordinal": call.ordinal, "script": req.script, "rollout_id": session.rollout_id,
+                 "call_id": call.id}
         try:
             gen = await asyncio.wait_for(
                 self.engine.generate(plan.full_prompt_ids, req.sampling, hints=hints),
@@ -296,7 +294,7 @@ class Gateway:
                 "retry, or raise --engine-timeout", timeout=True) from None
         except Exception as e:
             self.ledger.end_call(call.id, "failed", f"{type(e).__name__}: {e}")
-            if isinstance(e, EngineError):
+            if isinstance(e, EngineError | Overloaded):  # engine faults and engine overload keep their status
                 raise
             raise EngineError(f"the engine failed on call {call.id}: {type(e).__name__}: {e}") from e
         try:
