@@ -2,6 +2,7 @@
 
     rowgrove serve --model tiny --engine scripted --ledger runs/ledger.db
     rowgrove serve --model /models/Qwen3-0.6B --engine hf --ledger runs/ledger.db --device cuda
+    rowgrove serve --model /models/Qwen3-8B --engine vllm --engine-url http://gpu1:8001,http://gpu2:8001 --ledger runs/ledger.db
 
 Binds 127.0.0.1 unless --host says otherwise; control routes are open to loopback callers
 unless --admin-key is given. Calls a crash left pending are marked aborted on start; rollouts,
@@ -17,8 +18,16 @@ import os
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny",
                    help="tiny | tiny-qwen3 | tiny-llama3 | path to a Hugging Face model directory")
-    p.add_argument("--engine", default="scripted", choices=("hf", "scripted"),
-                   help="hf: local transformers generation; scripted: deterministic replies (tests, demos)")
+    p.add_argument("--engine", default="scripted", choices=("hf", "scripted", "vllm", "sglang"),
+                   help="hf: local transformers generation; scripted: deterministic replies (tests, demos); "
+                        "vllm, sglang: a running server at --engine-url that serves --model")
+    p.add_argument("--engine-url", action="append", default=[], metavar="URL",
+                   help="address of the vllm/sglang server (repeat it, or comma-separate, for several: a "
+                        "rollout's calls stay on one server)")
+    p.add_argument("--engine-api-key", default=os.environ.get("ROWGROVE_ENGINE_API_KEY"),
+                   help="API key the vllm/sglang server wants (default: $ROWGROVE_ENGINE_API_KEY)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name the vllm server was started with (default: --model)")
     p.add_argument("--ledger", required=True, help="SQLite ledger file (created if missing)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
@@ -60,7 +69,15 @@ def run(args: argparse.Namespace) -> int:
         engine_timeout=args.engine_timeout, default_max_tokens=args.max_tokens,
         tool_parser=args.tool_parser, reasoning_parser=args.reasoning_parser,
     )
-    engine = make_engine(args.engine, args.model, device=args.device)
+    if args.engine in ("vllm", "sglang"):
+        if not args.engine_url:
+            raise InputError(f"--engine {args.engine} needs --engine-url, the address of the server")
+        engine = make_engine(args.engine, args.model, url=args.engine_url, timeout=args.engine_timeout,
+                             api_key=args.engine_api_key, served_model=args.served_model_name)
+    else:
+        if args.engine_url:
+            raise InputError(f"--engine-url is for --engine vllm or sglang, not {args.engine}")
+        engine = make_engine(args.engine, args.model, device=args.device)
     _say_model_format(engine.tokenizer, settings)
     ledger = Ledger(args.ledger)
     try:

@@ -1,18 +1,14 @@
 """Inference engines behind one protocol (`rowgrove.engines.base.Engine`): prompt token ids in,
-sampled token ids + their logprobs + a finish reason out.
+sampled token ids + their logprobs + the weight version of each token + a finish reason out.
 
-    make_engine("scripted", "tiny")   deterministic replies, real teacher-forced logprobs (tests, demos)
-    make_engine("hf", "tiny" | PATH)  local transformers generation, concurrent requests batched
+    make_engine("scripted", "tiny")                 deterministic replies, real teacher-forced logprobs
+    make_engine("hf", "tiny" | PATH)                local transformers generation, requests batched
+    make_engine("vllm", PATH, url=URL)              a vLLM server (/v1/completions on token ids)
+    make_engine("sglang", PATH, url=URL)            an SGLang server (/generate on input_ids)
 
-Adding vLLM or SGLang later: both servers expose a token-level endpoint (vLLM's `/generate` style
-APIs and `prompt_token_ids` on completions, SGLang's `/generate` with `input_ids`) that takes the
-prompt as token ids and returns output token ids with their logprobs. An adapter is a class with
-`tokenizer` (loaded with `rowgrove.model.load.load_tokenizer` from the same model) and an async
-`generate(prompt_ids, sampling, hints=None)` that posts `input_ids` plus the mapped sampling params
-(temperature, top_p, max_new_tokens, stop, stop_token_ids, seed, logprobs) and returns
-`Generation(token_ids, logprobs, finish_reason)` from the output ids (never from re-encoded text),
-raising EngineError on HTTP failures. Ask for the logprobs of the raw distribution (vLLM: start
-the server with `--logprobs-mode raw_logprobs`) so they mean what `Generation` promises.
+For the two servers, PATH is the Hugging Face model folder the server serves: rowgrove renders and
+tokenizes with it, the server only samples from token ids (see `rowgrove.engines.remote` and
+docs/engines.md for the flags to start each server with).
 """
 
 from __future__ import annotations
@@ -25,15 +21,27 @@ from rowgrove.errors import InputError
 __all__ = ["Engine", "Generation", "SamplingParams", "make_engine"]
 
 
+REMOTE_OPTIONS = {"url", "timeout", "api_key", "sync_dir", "served_model", "check", "stream"}
+
+
 def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -> Engine:
-    """An engine of `kind` ("hf" | "scripted") on the model `model_spec` ("tiny", "tiny-qwen3",
-    "tiny-llama3" or an HF model directory). Keyword options: `dtype` (both), `threads` (both:
-    torch intra-op threads, process-wide), `max_batch` (hf: most requests per batch)."""
+    """An engine of `kind` ("hf" | "scripted" | "vllm" | "sglang") on the model `model_spec`
+    ("tiny", "tiny-qwen3", "tiny-llama3" or an HF model directory).
+
+    Local engines take `dtype`, `threads` (torch intra-op threads, process-wide) and, hf only,
+    `max_batch` (most requests per batch). Server engines take `url` (required: one URL, a
+    comma-separated list or a list; a rollout's calls stay on one server), `timeout` (seconds per
+    request), `api_key`, `sync_dir` (a folder the servers can read, for `update_weights` with a
+    state dict), `served_model` (the model name the server was started with), `stream` (read the
+    server's answer as a stream, default True), and `check` (default
+    True: refuse a server that does not serve this model folder's tokenizer)."""
+    if kind in ("vllm", "sglang"):
+        return _remote_engine(kind, model_spec, device=device, **kw)
     from rowgrove.model.load import load_model
 
     allowed = {"hf": {"threads", "max_batch"}, "scripted": {"threads"}}
     if kind not in allowed:
-        raise InputError(f"unknown engine {kind!r}: use hf or scripted")
+        raise InputError(f"unknown engine {kind!r}: use hf, scripted, vllm or sglang")
     unknown = sorted(set(kw) - allowed[kind] - {"dtype"})
     if unknown:
         raise InputError(f"{kind} engine does not take {', '.join(unknown)}: it takes dtype, {', '.join(sorted(allowed[kind]))}")
@@ -45,3 +53,20 @@ def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -
     from rowgrove.engines.hf import HFEngine
 
     return HFEngine(model, tokenizer, **kw)
+
+
+def _remote_engine(kind: str, model_spec: str, *, device: str, **kw: Any) -> Engine:
+    unknown = sorted(set(kw) - REMOTE_OPTIONS)
+    if unknown:
+        raise InputError(f"{kind} engine does not take {', '.join(unknown)}: it takes {', '.join(sorted(REMOTE_OPTIONS))}")
+    if kw.get("url") is None:
+        raise InputError(f"the {kind} engine needs url=, the address of the server (--engine-url)")
+    check = kw.pop("check", True)
+    if kind == "vllm":
+        from rowgrove.engines.vllm import VLLMEngine as cls
+    else:
+        from rowgrove.engines.sglang import SGLangEngine as cls
+    engine = cls(model_spec, kw.pop("url"), **kw)
+    if check:
+        engine.check()
+    return engine

@@ -7,6 +7,8 @@ control routes that create, finish and inspect rollouts.
     POST /v1/rollouts/{rollout_id}/finish               accepted conversation(s) + reward
     GET  /v1/rollouts/{rollout_id}                      lineage
     GET  /v1/rollouts/{rollout_id}/rows                 training rows (rowgrove.assemble)
+    GET  /v1/weights                                    the engine's weight version
+    POST /v1/weights                                    load a checkpoint folder, or announce a version
     GET  /health
 
 Errors leave in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`; the mapping from
@@ -218,6 +220,14 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                                      headers={**timing, "cache-control": "no-cache"})
         return json_response(result, headers=timing)
 
+    async def weights(request: Request) -> Response:
+        gw.authorize_control(_bearer(request), request.client.host if request.client else None)
+        if request.method == "POST":
+            body, _ = await _read_json(request, limit)
+            await update_engine_weights(gw.engine, body)
+        return json_response({"weights_version": int(getattr(gw.engine, "weights_version", 0)),
+                              "engine": getattr(gw.engine, "kind", type(gw.engine).__name__)})
+
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
@@ -240,12 +250,52 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
             Route("/v1/rollouts/{rollout_id}/finish", _guard(finish), methods=["POST"]),
             Route("/v1/rollouts/{rollout_id}", _guard(lineage), methods=["GET"]),
             Route("/v1/rollouts/{rollout_id}/rows", _guard(rows), methods=["GET"]),
+            Route("/v1/weights", _guard(weights), methods=["GET", "POST"]),
         ],
         exception_handlers={HTTPException: not_found},
         lifespan=lifespan,
     )
     app.state.gateway = gw
     return app
+
+
+async def update_engine_weights(engine: Engine, body: Any) -> None:
+    """`POST /v1/weights`: `{"path": FOLDER}` makes the engine load the checkpoint in FOLDER
+    (servers load it themselves; a local engine reads its model.safetensors), `{"version": N}`
+    records that the trainer pushed version N to the servers itself (e.g. over NCCL), so later
+    tokens carry it. Versions only move forward."""
+    if not isinstance(body, dict) or (("path" in body) == ("version" in body)):
+        raise BadRequest('send {"path": "/folder/of/a/checkpoint"} or {"version": N}')
+    if "version" in body:
+        v = body["version"]
+        current = int(getattr(engine, "weights_version", 0))
+        if isinstance(v, bool) or not isinstance(v, int) or v < current:
+            raise BadRequest(f"'version' must be an integer >= the current version {current}, got {v!r}",
+                             param="version")
+        if not hasattr(engine, "weights_version"):
+            raise BadRequest(f"engine {type(engine).__name__} keeps no weight version")
+        engine.weights_version = v  # type: ignore[attr-defined]
+        return
+    path = body["path"]
+    if not isinstance(path, str) or not path:
+        raise BadRequest("'path' must be the folder of a checkpoint (model.safetensors inside)", param="path")
+    update = getattr(engine, "update_weights", None)
+    if update is None:
+        raise BadRequest(f"engine {type(engine).__name__} cannot load weights")
+    if getattr(engine, "kind", None) in ("vllm", "sglang"):
+        await asyncio.to_thread(update, path)
+        return
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise BadRequest(f"no *.safetensors in {path}: write the checkpoint there first", param="path")
+    state: dict[str, Any] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    await asyncio.to_thread(update, state)
 
 
 async def _iterate(events: list[bytes]):

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# GPU check: the reference trainer for a few steps on CUDA with the hf engine, then (when the
+# package is installed) behind a real vLLM and a real SGLang server, printing tokens/s of
+# generation and of training for each. Runs in under 10 minutes on one GPU. Without a GPU it
+# says so and exits 0.
+#
+#   scripts/gpu_check.sh                      # tiny model (built offline), 3 steps each
+#   ROWGROVE_GPU_MODEL=/models/Qwen3-0.6B scripts/gpu_check.sh
+#
+# Environment: PY (python with rowgrove installed; default .venv/bin/python, else python3),
+# ROWGROVE_GPU_MODEL (a Hugging Face model folder, default the tiny model), STEPS (default 3),
+# OUT (default a temporary folder), BUDGET_S (seconds per run, default 150).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+STEPS=${STEPS:-3}
+BUDGET_S=${BUDGET_S:-150}
+OUT=${OUT:-$(mktemp -d /tmp/rowgrove-gpu-check.XXXXXX)}
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check: no CUDA GPU is visible to torch on this machine ($("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null || echo 'torch missing')): nothing to check"
+  exit 0
+fi
+"$PY" -c "import torch; print('gpu_check:', torch.cuda.get_device_name(0), 'torch', torch.__version__)"
+
+# The model folder every run starts from (and every server serves).
+MODEL=${ROWGROVE_GPU_MODEL:-}
+if [ -z "$MODEL" ]; then
+  MODEL=$("$PY" -c "from rowgrove.model.load import model_dir; print(model_dir('tiny'))")
+  COMMON=(--set warmup_sft_steps=0 --set max_tokens=32 --set prompts_per_step=8 --set rollouts_per_prompt=8)
+else
+  COMMON=(--set dtype=bfloat16 --set warmup_sft_steps=0 --set max_tokens=128 --set prompts_per_step=8 --set rollouts_per_prompt=8 --set lr=1e-6)
+fi
+COMMON+=(--model "$MODEL" --device cuda --steps "$STEPS" --set eval_prompts=0 --set checkpoint_every=0 --no-progress)
+
+rates() {  # tokens/s of generation and training from a run's metrics.jsonl
+  "$PY" - "$1" "$2" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+gen = sum(r["tokens_generated"] for r in recs) / max(1e-9, sum(r["rollout_time"] for r in recs))
+trn = sum(r["tokens_trained"] for r in recs) / max(1e-9, sum(r["train_time"] for r in recs))
+print(f"gpu_check: {sys.argv[2]:<7} {len(recs)} steps  generation {gen:,.0f} tokens/s  training {trn:,.0f} tokens/s")
+PY
+}
+
+status=0
+echo "gpu_check: hf engine, $STEPS steps on $MODEL"
+if timeout "$BUDGET_S" "$PY" -m rowgrove.cli train "${COMMON[@]}" --out "$OUT/hf" > "$OUT/hf.log" 2>&1; then
+  rates "$OUT/hf" hf
+else
+  echo "gpu_check: the hf run failed; last lines of $OUT/hf.log:"; tail -n 20 "$OUT/hf.log"; status=1
+fi
+
+wait_health() {  # url seconds
+  for _ in $(seq "$2"); do curl -sf "$1" > /dev/null && return 0; sleep 1; done; return 1
+}
+
+run_server() {  # kind port command...
+  local kind=$1 port=$2; shift 2
+  echo "gpu_check: $kind server on port $port"
+  "$@" > "$OUT/$kind-server.log" 2>&1 &
+  local pid=$!
+  if wait_health "http://127.0.0.1:$port/health" 240; then
+    if timeout "$BUDGET_S" "$PY" -m rowgrove.cli train "${COMMON[@]}" --out "$OUT/$kind" \
+        --set engine="$kind" --set engine_url="http://127.0.0.1:$port" > "$OUT/$kind.log" 2>&1; then
+      rates "$OUT/$kind" "$kind"
+    else
+      echo "gpu_check: the $kind run failed; last lines of $OUT/$kind.log:"; tail -n 20 "$OUT/$kind.log"; status=1
+    fi
+  else
+    echo "gpu_check: the $kind server did not come up; last lines of $OUT/$kind-server.log:"
+    tail -n 20 "$OUT/$kind-server.log"; status=1
+  fi
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+}
+
+if "$PY" -c "import vllm" 2>/dev/null; then
+  run_server vllm 18001 "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --port 18001 \
+    --logprobs-mode raw_logprobs --gpu-memory-utilization 0.4 --enforce-eager
+else
+  echo "gpu_check: vllm is not installed: skipped"
+fi
+if "$PY" -c "import sglang" 2>/dev/null; then
+  run_server sglang 18002 "$PY" -m sglang.launch_server --model-path "$MODEL" --port 18002 \
+    --mem-fraction-static 0.4 --skip-server-warmup
+else
+  echo "gpu_check: sglang is not installed: skipped"
+fi
+echo "gpu_check: logs and runs in $OUT"
+exit $status

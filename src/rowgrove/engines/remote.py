@@ -1,0 +1,345 @@
+"""What the vLLM and SGLang engines share: rowgrove renders and tokenizes, the server only samples
+from token ids.
+
+    Gateway ──prompt ids──▶ RemoteEngine ──HTTP (one of several servers, a rollout stays on one)──▶ server
+            ◀─Generation──   checks ids, logprobs, versions   ◀── sampled ids + logprobs ───────
+
+- The model folder (`model`) is the Hugging Face folder the server serves: tokenizer, chat
+  template and generation config are read from it, so both sides agree on every id. `check()`
+  (run by `make_engine`) proves it per server before the gateway starts.
+- A rollout's calls go to one server (chosen least-loaded at its first call), so the server's
+  prefix cache holds the conversation; calls without a rollout go to the least-loaded server.
+- Failures become the gateway's errors: cannot connect, a broken connection or a 5xx →
+  EngineError (502); a timeout → EngineError(timeout) (504); 429 or 503 → Unavailable (503 with
+  the server's Retry-After); a 4xx the server gives for the request → BadRequest (400). A reply
+  with an id outside the vocabulary, a logprob list of the wrong length or no finish reason is an
+  engine fault (502): it is never stored as a completed call.
+- Weights: `update_weights(state_dict | folder)` writes a state dict as a safetensors checkpoint
+  under `sync_dir` (a folder both sides can read) and asks every server to load it, then bumps
+  `weights_version`. Each sampled token carries the version it was sampled under: the server's
+  report where it gives one, else the version held when the request was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rowgrove.engines.base import Generation, SamplingParams, check_prompt
+from rowgrove.errors import BadRequest, EngineError, InputError, Unavailable
+
+# A rollout's server is remembered for this many rollouts (least recently used are forgotten).
+_AFFINITY_SIZE = 200_000
+# The probe text of the tokenizer check: ASCII, CJK, an emoji, digits and whitespace runs, so a
+# different vocabulary, normalizer or pre-tokenizer shows as different ids.
+PROBE_TEXT = "Hello, world! 1234567 ½ 中文字符 🙂\n\n\tcode(x) -> y  end"
+
+
+def parse_urls(urls: str | Sequence[str]) -> list[str]:
+    """Server URLs from a comma-separated string or a list of them (each may hold commas);
+    InputError when none is given or one is not http(s)."""
+    items = [urls] if isinstance(urls, str) else list(urls)
+    out: list[str] = []
+    for item in items:
+        for u in str(item).split(","):
+            u = u.strip().rstrip("/")
+            if not u:
+                continue
+            if not u.startswith(("http://", "https://")):
+                raise InputError(f"engine URL {u!r} is not an http(s) URL: write e.g. http://127.0.0.1:8000")
+            out.append(u)
+    if not out:
+        raise InputError("no engine URL given: pass --engine-url http://HOST:PORT (several: comma-separated)")
+    return list(dict.fromkeys(out))
+
+
+def model_vocab_size(folder: Path, tokenizer: Any) -> int:
+    """The number of ids the model can emit: config.json's vocab_size (which may exceed the
+    tokenizer's, padded for the GPU), else the tokenizer's length."""
+    cfg_path = folder / "config.json"
+    size = len(tokenizer)
+    if cfg_path.is_file():
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except (OSError, ValueError):
+            return size
+        text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+        v = text_cfg.get("vocab_size", cfg.get("vocab_size"))
+        if isinstance(v, int) and v > 0:
+            size = max(size, v)
+    return size
+
+
+class RemoteEngine:
+    """The shared half of a server-backed engine; `VLLMEngine` and `SGLangEngine` add the wire
+    format (`_generate`, `_abort`, `_probe`, `_reload`). See the module docstring."""
+
+    kind = "remote"
+
+    def __init__(self, model: str, urls: str | Sequence[str], *, timeout: float = 600.0,
+                 connect_timeout: float = 10.0, api_key: str | None = None,
+                 sync_dir: str | Path | None = None, served_model: str | None = None):
+        from rowgrove.model.load import end_of_turn_id, load_tokenizer, model_dir, stop_token_ids
+
+        self.model_path = model_dir(model)
+        self.tokenizer = load_tokenizer(str(self.model_path))
+        self.eot_id = end_of_turn_id(self.tokenizer)
+        self.stop_ids = tuple(stop_token_ids(self.tokenizer, self.model_path))
+        self.vocab_size = model_vocab_size(self.model_path, self.tokenizer)
+        self.urls = parse_urls(urls)
+        self.served_model = served_model or str(model)
+        self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.sync_dir = Path(sync_dir) if sync_dir is not None else None
+        self.weights_version = 0
+        self.in_flight = [0] * len(self.urls)
+        self._affinity: OrderedDict[str, int] = OrderedDict()
+        self._clients: dict[int, httpx.AsyncClient] = {}
+        self._closed = False
+
+    # ---- choosing a server ----------------------------------------------------------------
+
+    def server_for(self, rollout_id: str | None) -> int:
+        """The index of the server a call of `rollout_id` goes to (sticky per rollout)."""
+        if rollout_id is not None:
+            hit = self._affinity.get(rollout_id)
+            if hit is not None:
+                self._affinity.move_to_end(rollout_id)
+                return hit
+        best = min(range(len(self.urls)), key=lambda i: (self.in_flight[i], i))
+        if rollout_id is not None:
+            self._affinity[rollout_id] = best
+            if len(self._affinity) > _AFFINITY_SIZE:
+                self._affinity.popitem(last=False)
+        return best
+
+    def _client(self) -> httpx.AsyncClient:
+        # one client per event loop: an httpx.AsyncClient is bound to the loop it first ran on
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(id(loop))
+        if client is None or client.is_closed:
+            client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers,
+                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+            self._clients[id(loop)] = client
+        return client
+
+    # ---- generation -----------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, *,
+                       hints: Mapping[str, Any] | None = None) -> Generation:
+        """Sample a turn after `prompt_ids` on the rollout's server. Cancelling the awaiting task
+        aborts the request on the server."""
+        if self._closed:
+            raise EngineError(f"{self.kind} engine is closed: create a new one")
+        prompt = check_prompt(prompt_ids, self.vocab_size)
+        hints = hints or {}
+        i = self.server_for(hints.get("rollout_id"))
+        url = self.urls[i]
+        rid = str(hints.get("call_id") or f"rowgrove-{id(prompt):x}")
+        version = self.weights_version
+        self.in_flight[i] += 1
+        try:
+            gen = await self._generate(self._client(), url, prompt, sampling, rid)
+        except asyncio.CancelledError:
+            await self._abort_quietly(url, rid)
+            raise
+        except httpx.TimeoutException as e:
+            await self._abort_quietly(url, rid)
+            raise EngineError(f"{self.kind} server {url} timed out on request {rid} ({type(e).__name__}): "
+                              "retry, or raise the engine timeout", timeout=True) from None
+        except httpx.HTTPError as e:
+            raise EngineError(f"{self.kind} server {url} failed on request {rid}: {type(e).__name__}: {e or 'connection lost'}"
+                              " (is the server running at that URL?)") from None
+        finally:
+            self.in_flight[i] -= 1
+        if gen.weight_versions is None:
+            gen.weight_versions = [version] * len(gen.token_ids)
+        check_generation(gen, self.vocab_size, f"{self.kind} server {url}")
+        return gen
+
+    async def _abort_quietly(self, url: str, rid: str) -> None:
+        try:
+            await asyncio.shield(asyncio.wait_for(self._abort(self._client(), url, rid), 5.0))
+        except BaseException:  # noqa: BLE001 - a failed abort must not hide why we aborted
+            pass
+
+    def raise_for_status(self, url: str, r: httpx.Response, rid: str) -> None:
+        """Map a server's error status to rowgrove's errors (see the module docstring)."""
+        if r.status_code < 400:
+            return
+        detail = server_message(r)
+        where = f"{self.kind} server {url} answered {r.status_code} for request {rid}: {detail}"
+        if r.status_code in (429, 503):
+            raise Unavailable(f"{where}: it is overloaded, retry later", retry_after(r))
+        if r.status_code >= 500:
+            raise EngineError(where)
+        if r.status_code in (401, 403):
+            raise EngineError(f"{where}: give the engine the server's API key (--engine-api-key)")
+        if r.status_code == 404:
+            raise EngineError(f"{where}: is this a {self.kind} server? check --engine and --engine-url")
+        raise BadRequest(where, code="engine_rejected")
+
+    # ---- start-up check -------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Refuse to start unless every server answers and tokenizes like the local model folder.
+        EngineError naming the server and what differs."""
+        problems: list[str] = []
+        with httpx.Client(timeout=httpx.Timeout(30.0, connect=self.timeout.connect), headers=self.headers) as http:
+            for url in self.urls:
+                try:
+                    found = self._probe(http, url)
+                except httpx.HTTPError as e:
+                    found = [f"cannot reach it ({type(e).__name__}: {e}): start the server or fix --engine-url"]
+                except (ValueError, KeyError, TypeError) as e:
+                    found = [f"its answer is not in {self.kind}'s format ({type(e).__name__}: {e}): "
+                             "check --engine"]
+                problems += [f"{url}: {p}" for p in found]
+        if problems:
+            raise EngineError(f"the {self.kind} server does not serve the model folder {self.model_path}: "
+                              + "; ".join(problems))
+
+    def probe_ids(self) -> list[int]:
+        """The local tokenization of the probe text (no special tokens added)."""
+        return list(self.tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
+
+    def compare_ids(self, theirs: Any, what: str = "the probe text") -> list[str]:
+        """[] when the server's ids for `what` equal the local ones, else one problem line."""
+        ours = self.probe_ids()
+        if not isinstance(theirs, list) or theirs != ours:
+            first = next((k for k, (a, b) in enumerate(zip(ours, theirs if isinstance(theirs, list) else [], strict=False))
+                          if a != b), min(len(ours), len(theirs) if isinstance(theirs, list) else 0))
+            return [f"it tokenizes {what} differently (local {len(ours)} ids, server "
+                    f"{len(theirs) if isinstance(theirs, list) else theirs!r}; first difference at id {first}): "
+                    f"serve the same tokenizer as {self.model_path}"]
+        return []
+
+    # ---- weights --------------------------------------------------------------------------
+
+    def update_weights(self, weights: Mapping[str, Any] | str | Path) -> None:
+        """Make every server sample with new weights, then bump `weights_version`. `weights`: a
+        state dict (written as a checkpoint under `sync_dir` first) or the folder of a checkpoint
+        every server can read. Blocks until all servers report it loaded; EngineError otherwise."""
+        version = self.weights_version + 1
+        if isinstance(weights, str | Path):
+            folder = Path(weights)
+        else:
+            if self.sync_dir is None:
+                raise InputError(f"{self.kind} engine: update_weights with a state dict needs sync_dir, a folder "
+                                 "the servers can read (rowgrove train sets it to RUN_DIR/weights)")
+            folder = write_checkpoint(weights, self.sync_dir / f"v{version:06d}", self.model_path)
+        with httpx.Client(timeout=httpx.Timeout(None, connect=self.timeout.connect), headers=self.headers) as http:
+            for url in self.urls:
+                try:
+                    self._reload(http, url, folder, version)
+                except httpx.HTTPError as e:
+                    raise EngineError(f"{self.kind} server {url}: loading weights from {folder} failed: "
+                                      f"{type(e).__name__}: {e}") from None
+        self.weights_version = version
+        if self.sync_dir is not None and not isinstance(weights, str | Path):
+            prune_checkpoints(self.sync_dir, keep=2)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            try:
+                await c.aclose()
+            except RuntimeError:  # its loop is gone: nothing left to close
+                pass
+
+    # ---- the wire format (subclasses) -----------------------------------------------------
+
+    async def _generate(self, client: httpx.AsyncClient, url: str, prompt: list[int],
+                        sampling: SamplingParams, rid: str) -> Generation:
+        raise NotImplementedError
+
+    async def _abort(self, client: httpx.AsyncClient, url: str, rid: str) -> None:
+        """Tell the server to stop request `rid` (closing the connection may be enough)."""
+
+    def _probe(self, http: httpx.Client, url: str) -> list[str]:
+        raise NotImplementedError
+
+    def _reload(self, http: httpx.Client, url: str, folder: Path, version: int) -> None:
+        raise NotImplementedError
+
+
+def check_generation(gen: Generation, vocab_size: int, where: str) -> None:
+    """EngineError unless every id is in the vocabulary and there is one logprob and one version
+    per id: a reply that breaks this is an engine fault, never a stored call."""
+    n = len(gen.token_ids)
+    bad = [t for t in gen.token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise EngineError(f"{where} returned {len(bad)} token ids outside the vocabulary [0, {vocab_size}): "
+                          f"{bad[:5]}: is it serving another model?")
+    if len(gen.logprobs) != n:
+        raise EngineError(f"{where} returned {n} token ids but {len(gen.logprobs)} logprobs: "
+                          "an engine fault, the call is not stored")
+    if any(not isinstance(x, int | float) or isinstance(x, bool) or x != x or x > 1e-3 for x in gen.logprobs):
+        raise EngineError(f"{where} returned a logprob that is not a number <= 0: an engine fault")
+    if gen.weight_versions is not None and len(gen.weight_versions) != n:
+        raise EngineError(f"{where} returned {n} token ids but {len(gen.weight_versions)} weight versions")
+    if gen.finish_reason not in ("stop", "length"):
+        raise EngineError(f"{where} ended the request with finish reason {gen.finish_reason!r}: "
+                          "retry the call")
+
+
+def server_message(r: httpx.Response) -> str:
+    """The error text of a server's reply: OpenAI's {"error": {"message"}}, vLLM's {"message"},
+    FastAPI's {"detail"}, or the raw text (shortened)."""
+    try:
+        body = r.json()
+    except ValueError:
+        return (r.text or r.reason_phrase or "no body")[:300]
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:300]
+        for key in ("message", "detail", "error"):
+            if body.get(key):
+                return str(body[key])[:300]
+    return str(body)[:300]
+
+
+def retry_after(r: httpx.Response, default: float = 1.0) -> float:
+    """The server's Retry-After in seconds (numbers only), else `default`."""
+    try:
+        return max(0.0, float(r.headers.get("retry-after", default)))
+    except ValueError:
+        return default
+
+
+def write_checkpoint(state_dict: Mapping[str, Any], folder: Path, model_path: Path) -> Path:
+    """`state_dict` as a Hugging Face checkpoint in `folder` (model.safetensors plus the model
+    folder's config files), written to a temporary name and renamed, so a server never reads a
+    half-written checkpoint. Returns `folder`."""
+    import torch
+    from safetensors.torch import save_file
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    # clone: tied weights share storage, which safetensors refuses to write twice
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()
+               if isinstance(v, torch.Tensor)}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("config.json", "generation_config.json"):
+        if (model_path / name).is_file():
+            shutil.copy2(model_path / name, tmp / name)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
+
+
+def prune_checkpoints(sync_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints rowgrove wrote under `sync_dir`."""
+    written = sorted(p for p in sync_dir.glob("v[0-9]*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for p in written[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,228 @@
+"""The `vllm` engine: a vLLM server's `/v1/completions` with the prompt as token ids.
+
+Why this endpoint: `/v1/completions` takes a token-id `prompt`, returns the sampled ids
+(`return_token_ids`, in `choices[0].token_ids`) with one logprob per id, streams, honours
+`X-Request-Id` and aborts on disconnect, and its shape has been stable across vLLM releases
+(vllm/entrypoints/openai/completion/protocol.py). The newer token-in/token-out route
+`/inference/v1/generate` (vllm/entrypoints/serve/disagg/) gained streaming only in 2026 (vLLM PR
+#37171) and is still moving, so it is not used.
+
+Request (per call): `prompt` = the ids rowgrove rendered; `return_token_ids`, `logprobs` (0, or the
+harness's top_logprobs), `return_tokens_as_token_ids` (alternatives keyed by id, not by text,
+which two tokens may share); every sampling parameter sent explicitly (vLLM would otherwise fill
+temperature/top_p/top_k from generation_config.json); `skip_special_tokens: false` and
+`include_stop_str_in_output: true` (the ids are the truth either way; text only for logs);
+`stop_token_ids` = the model folder's stop ids plus the request's; `X-Request-Id` = the call id.
+
+Streamed chunks carry deltas of `token_ids` and `logprobs` (vllm/entrypoints/openai/completion/
+serving.py, completion_stream_generator); the chunk with the last delta carries `finish_reason`
+("stop" | "length" | "abort"); errors after the 200 arrive as `data: {"error": {...}}`.
+
+Start vLLM with `--logprobs-mode raw_logprobs` (the default: log_softmax of the raw logits,
+temperature 1, before top-p, what `Generation.logprobs` promises) and, for weight sync,
+`VLLM_SERVER_DEV_MODE=1` (the pause / collective_rpc / reset_prefix_cache routes are dev routes).
+See docs/engines.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from rowgrove.engines.base import Generation, SamplingParams
+from rowgrove.engines.remote import RemoteEngine
+from rowgrove.errors import EngineError
+
+
+class VLLMEngine(RemoteEngine):
+    """Engine over one or more vLLM servers (see the module docstring).
+
+    `stream`: read each answer as a server-sent event stream (default) or as one JSON body.
+    `pause_mode`: how `update_weights` pauses generation while weights load ("keep": requests in
+    flight freeze and continue with the new weights; "wait": they finish first; "abort").
+    """
+
+    kind = "vllm"
+
+    def __init__(self, model: str, urls: Any, *, stream: bool = True, pause_mode: str = "keep", **kw: Any):
+        super().__init__(model, urls, **kw)
+        if pause_mode not in ("keep", "wait", "abort"):
+            raise EngineError(f"pause_mode {pause_mode!r}: use keep, wait or abort")
+        self.stream = stream
+        self.pause_mode = pause_mode
+
+    def request_body(self, prompt: list[int], sampling: SamplingParams) -> dict[str, Any]:
+        """The /v1/completions body for one call."""
+        body: dict[str, Any] = {
+            "model": self.served_model,
+            "prompt": prompt,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": -1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "logprobs": sampling.top_logprobs,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+            "stop": list(sampling.stop),
+            "stop_token_ids": sorted(set(self.stop_ids) | set(sampling.stop_token_ids)),
+            "stream": self.stream,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    async def _generate(self, client: httpx.AsyncClient, url: str, prompt: list[int],
+                        sampling: SamplingParams, rid: str) -> Generation:
+        body = self.request_body(prompt, sampling)
+        headers = {"x-request-id": rid, "content-type": "application/json"}
+        acc = _Accumulator(sampling.top_logprobs)
+        async with client.stream("POST", f"{url}/v1/completions", content=orjson.dumps(body),
+                                 headers=headers) as r:
+            if r.status_code >= 400:
+                await r.aread()
+                self.raise_for_status(url, r, rid)
+            if not self.stream:
+                acc.add(_json(await r.aread(), url))
+            else:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        acc.done = True
+                        break
+                    acc.add(_json(data.encode(), url))
+        return acc.result(url, rid, streamed=self.stream)
+
+    async def _abort(self, client: httpx.AsyncClient, url: str, rid: str) -> None:
+        # closing the connection aborts the request in vLLM (with_cancellation); nothing to send
+        return None
+
+    def _probe(self, http: httpx.Client, url: str) -> list[str]:
+        problems: list[str] = []
+        r = http.get(f"{url}/v1/models", headers=self.headers)
+        if r.status_code >= 400:
+            return [f"GET /v1/models answered {r.status_code}: is it a vLLM server?"]
+        cards = r.json().get("data") or []
+        ids = [c.get("id") for c in cards]
+        if self.served_model not in ids:
+            problems.append(f"it serves {ids}, not {self.served_model!r}: pass --served-model-name as the "
+                            "server was started, or start it with --served-model-name")
+        r = http.post(f"{url}/tokenize", json={"model": self.served_model, "prompt": _probe_text(),
+                                                "add_special_tokens": False})
+        if r.status_code >= 400:
+            return problems + [f"POST /tokenize answered {r.status_code}: the tokenizer cannot be checked "
+                               "(is the server started with --skip-tokenizer-init?)"]
+        problems += self.compare_ids(r.json().get("tokens"))
+        return problems
+
+    def _reload(self, http: httpx.Client, url: str, folder: Path, version: int) -> None:
+        """pause → collective_rpc reload_weights(weights_path) → reset_prefix_cache →
+        update_weight_version (if the server has it) → resume."""
+        def post(path: str, optional: bool = False, **kw: Any) -> httpx.Response:
+            r = http.post(f"{url}{path}", **kw)
+            if optional and r.status_code == 404:
+                return r
+            if r.status_code >= 400:
+                hint = (": start vLLM with VLLM_SERVER_DEV_MODE=1 (the weight routes are dev routes)"
+                        if r.status_code == 404 else "")
+                raise EngineError(f"vllm server {url}: POST {path} answered {r.status_code}: "
+                                  f"{r.text[:300]}{hint}")
+            return r
+
+        post("/pause", params={"mode": self.pause_mode})
+        try:
+            post("/collective_rpc", json={"method": "reload_weights",
+                                          "kwargs": {"weights_path": str(folder)}})
+            post("/reset_prefix_cache")
+            post("/update_weight_version", optional=True, json={"new_version": str(version)})
+        finally:
+            post("/resume")
+
+
+def _probe_text() -> str:
+    from rowgrove.engines.remote import PROBE_TEXT
+
+    return PROBE_TEXT
+
+
+def _json(raw: bytes, url: str) -> dict[str, Any]:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise EngineError(f"vllm server {url} sent a reply that is not JSON: {raw[:200]!r}") from None
+    if not isinstance(data, dict):
+        raise EngineError(f"vllm server {url} sent {type(data).__name__} where a JSON object belongs")
+    return data
+
+
+class _Accumulator:
+    """Joins /v1/completions bodies or stream chunks (deltas) into one Generation."""
+
+    def __init__(self, top: int):
+        self.top = top
+        self.ids: list[int] = []
+        self.lps: list[float] = []
+        self.tops: list[list[tuple[int, float]]] = []
+        self.finish: str | None = None
+        self.done = False
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        if "error" in chunk and not chunk.get("choices"):
+            err = chunk["error"]
+            msg = err.get("message") if isinstance(err, dict) else err
+            raise EngineError(f"the vllm server failed mid-request: {msg}")
+        for choice in chunk.get("choices") or ():
+            ids = choice.get("token_ids")
+            if ids is None and choice.get("text"):
+                raise EngineError("the vllm server sent no token_ids: it predates return_token_ids "
+                                  "(vLLM >= 0.10.2 needed)")
+            ids = ids or []
+            lp = choice.get("logprobs") or {}
+            values = lp.get("token_logprobs") or []
+            self.ids.extend(ids)
+            self.lps.extend(values)
+            if self.top:
+                for alt in lp.get("top_logprobs") or [None] * len(values):
+                    self.tops.append(_alternatives(alt, self.top))
+            if choice.get("finish_reason") is not None:
+                self.finish = choice["finish_reason"]
+
+    def result(self, url: str, rid: str, *, streamed: bool) -> Generation:
+        if self.finish is None:
+            raise EngineError(f"vllm server {url}: request {rid} ended without a finish reason "
+                              f"({'the stream was cut' if streamed else 'malformed body'}): retry the call")
+        if self.finish == "abort":
+            raise EngineError(f"vllm server {url} aborted request {rid} (paused with mode=abort, or "
+                              "aborted by another client): retry the call")
+        if any(v is None for v in self.lps):
+            raise EngineError(f"vllm server {url}: request {rid} has a sampled token without a logprob")
+        return Generation(token_ids=self.ids, logprobs=[float(v) for v in self.lps],
+                          finish_reason=self.finish, top_logprobs=self.tops if self.top else None)
+
+
+def _alternatives(alt: Any, k: int) -> list[tuple[int, float]]:
+    """`{"token_id:N": logprob, ...}` → [(N, logprob)] best first, at most k (the sampled token
+    vLLM puts first is kept only if it is among the best k)."""
+    if not isinstance(alt, dict):
+        return []
+    pairs = []
+    for key, v in alt.items():
+        if isinstance(key, str) and key.startswith("token_id:") and isinstance(v, int | float):
+            try:
+                pairs.append((int(key[9:]), float(v)))
+            except ValueError:
+                continue
+    pairs.sort(key=lambda p: (-p[1], p[0]))
+    return pairs[:k]

@@ -1,0 +1,215 @@
+"""What both stand-in servers share: a real engine sampling real tokens, fault injection, a log of
+what the server saw, and running an ASGI app on a free loopback port.
+
+Faults are what a client of a real server meets: `POST /_standin/fault {"mode": M, "count": N}`
+(or `StandinHandle.fault(M, N)`) makes the next N generate requests (N = -1: all) suffer M:
+
+    "500" | "502" | "429" | "503" | "400"   that status with the server's error body (429/503 with Retry-After)
+    "hang"          never answer (until the client gives up or disconnects)
+    "slow"          answer after `delay` seconds (default 2), watching for a disconnect meanwhile
+    "bad_id"        one sampled id replaced by an id outside the vocabulary
+    "short_logprobs" one logprob fewer than ids
+    "cut"           a stream (or body) cut in the middle: the connection closes without the end
+    "abort"         the request ends with finish reason abort (as after a server-side abort)
+
+`GET /_standin/log` returns {"requests": [...bodies...], "aborted": [rids], "disconnected": [rids],
+"weight_loads": [...], "weights_version": int}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from rowgrove.errors import RowgroveError
+
+FAULTS = ("500", "502", "429", "503", "400", "hang", "slow", "bad_id", "short_logprobs", "cut", "abort")
+
+
+@dataclass
+class StandinState:
+    """The stand-in's memory: pending faults, the log, and the tasks of running requests by id."""
+
+    fault_mode: str | None = None
+    fault_count: int = 0
+    delay: float = 2.0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    disconnected: list[str] = field(default_factory=list)
+    weight_loads: list[dict[str, Any]] = field(default_factory=list)
+    running: dict[str, asyncio.Task] = field(default_factory=dict)
+
+    def take_fault(self) -> str | None:
+        """The fault the next request suffers (consuming one of its count)."""
+        if self.fault_mode is None or self.fault_count == 0:
+            return None
+        mode = self.fault_mode
+        if self.fault_count > 0:
+            self.fault_count -= 1
+            if self.fault_count == 0:
+                self.fault_mode = None
+        return mode
+
+    def set_fault(self, mode: str | None, count: int = 1, delay: float | None = None) -> None:
+        if mode is not None and mode not in FAULTS:
+            raise ValueError(f"unknown fault {mode!r}: use one of {', '.join(FAULTS)}")
+        self.fault_mode, self.fault_count = mode, (count if mode is not None else 0)
+        if delay is not None:
+            self.delay = float(delay)
+
+
+@dataclass
+class Segment:
+    """Tokens sampled in one go, all under one weight version (the engine's counter)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    version: int
+    finish_reason: str | None          # "stop" | "length" on the last segment, else None
+    tops: list[list[tuple[int, float]]] | None = None
+
+
+async def sample_segments(engine: Any, prompt: list[int], sampling: Any, *, segment: int = 4,
+                          stop_ids: frozenset[int] = frozenset()) -> AsyncIterator[Segment]:
+    """Sample a turn `segment` tokens at a time, yielding each piece as it is sampled.
+
+    Between pieces the engine may load new weights (the hf engine applies an update only when no
+    row runs), so a generation can really span weight versions, as on a server that updates in
+    the middle of a request. Stop ids end the turn (kept); a stop string ends it at the first
+    token whose decoded tail holds it (kept); max_tokens ends it with "length". Each piece is
+    seeded from the request's seed and the piece's position, so a seeded request repeats.
+    """
+    from rowgrove.engines.base import StopChecker
+
+    checker = StopChecker(engine.tokenizer, sampling.stop)
+    stops = frozenset(sampling.stop_token_ids) | frozenset(stop_ids) | frozenset(getattr(engine, "stop_ids", ()))
+    out: list[int] = []
+    k = 0
+    while True:
+        n = min(segment, sampling.max_tokens - len(out))
+        seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + k) % 2**63
+        piece = dataclasses.replace(sampling, max_tokens=n, stop=(), seed=seed)
+        gen = await engine.generate(prompt + out, piece)
+        versions = gen.weight_versions or [getattr(engine, "weights_version", 0)] * len(gen.token_ids)
+        ids, lps, tops = [], [], []
+        finish = None
+        for j, tid in enumerate(gen.token_ids):
+            out.append(tid)
+            ids.append(tid)
+            lps.append(gen.logprobs[j])
+            if gen.top_logprobs is not None:
+                tops.append(gen.top_logprobs[j])
+            if tid in stops or checker.hit(out):
+                finish = "stop"
+                break
+        if finish is None and len(out) >= sampling.max_tokens:
+            finish = "length"
+        if finish is None and gen.finish_reason == "stop" and len(gen.token_ids) < n:
+            finish = "stop"  # the engine stopped on an id of its own
+        yield Segment(ids, lps, versions[0] if versions else getattr(engine, "weights_version", 0), finish,
+                      tops if gen.top_logprobs is not None else None)
+        if finish is not None:
+            return
+        k += 1
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
+
+
+async def wait_or_disconnect(request: Request, seconds: float | None) -> bool:
+    """Sleep `seconds` (None: forever) unless the client disconnects first; True if it did."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while deadline is None or time.monotonic() < deadline:
+        if await request.is_disconnected():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+class StandinHandle:
+    """A running stand-in: its URL, state and engine; `fault(...)` arms a fault."""
+
+    def __init__(self, url: str, state: StandinState, engine: Any, server: Any, thread: threading.Thread):
+        self.url = url
+        self.state = state
+        self.engine = engine
+        self._server = server
+        self._thread = thread
+
+    def fault(self, mode: str | None, count: int = 1, delay: float | None = None) -> None:
+        self.state.set_fault(mode, count, delay)
+
+    def log(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/_standin/log", timeout=10).json()
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+def run_app(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> tuple[Any, threading.Thread, str]:
+    """Start `app` under uvicorn in a daemon thread; (server, thread, url) once it listens."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, loop="asyncio", lifespan="off",
+                            log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failure.append(e)
+
+    thread = threading.Thread(target=run, name="rowgrove-standin", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if failure or not thread.is_alive() or time.monotonic() > deadline:
+            raise RowgroveError(f"stand-in did not start: {failure[0] if failure else 'timed out'}")
+        time.sleep(0.005)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return server, thread, f"http://{host}:{bound}"
+
+
+@contextmanager
+def start_standin(kind: str, model: str = "tiny", **options: Any) -> Iterator[StandinHandle]:
+    """A stand-in server of `kind` ("vllm" | "sglang") over `model` on a free loopback port.
+    `options` go to the server's `create_app` (e.g. sglang's `incremental=True`)."""
+    handle = launch_standin(kind, model, **options)
+    try:
+        yield handle
+    finally:
+        handle.close()
+
+
+def launch_standin(kind: str, model: str = "tiny", *, engine: Any = None, **options: Any) -> StandinHandle:
+    """Start a stand-in (see `start_standin`) and return its handle; `.close()` it when done.
+    `engine`: the engine that samples (default: an hf engine on `model`)."""
+    if kind == "vllm":
+        from rowgrove.standins.vllm import create_app
+    elif kind == "sglang":
+        from rowgrove.standins.sglang import create_app
+    else:
+        raise RowgroveError(f"no stand-in for {kind!r}: use vllm or sglang")
+    if engine is None:
+        from rowgrove.engines import make_engine
+
+        engine = make_engine("hf", model, max_batch=16)
+    state = StandinState()
+    app = create_app(engine, model, state, **options)
+    server, thread, url = run_app(app)
+    return StandinHandle(url, state, engine, server, thread)
