@@ -7,8 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rowgrove.assemble import iter_finished, read_calls
 from rowgrove.errors import Conflict, InputError, NotFound
 from rowgrove.ledger import Ledger
+from rowgrove.ledger.store import SCHEMA_VERSION, pack_floats, pack_ids
 
 
 @pytest.fixture
@@ -93,3 +95,129 @@ def test_calls_need_an_existing_rollout_and_ordinals_survive_reopen(tmp_path):
     with Ledger(path) as led:
         again = led.begin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
         assert again.ordinal == 2
+
+
+# -- weight versions (schema 3) -------------------------------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(sampled=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1)), max_size=40),
+       known=st.booleans())
+def test_weight_versions_round_trip_exactly(tmp_path_factory, sampled, known):
+    ids = [s for s, _ in sampled]
+    versions = [v for _, v in sampled] if known else None
+    with Ledger(tmp_path_factory.mktemp("l") / "l.sqlite") as led:
+        ro = led.create_rollout("g")
+        call = led.begin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
+        led.complete_call(call.id, sampled_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop",
+                          summary_hash="s", response_hash="r", response=None, weight_versions=versions)
+        for got in (led.get_call(call.id), led.calls(ro.id)[0], read_calls(led, ro.id)[0]):
+            if known:
+                assert got.weight_versions.dtype == np.int32
+                assert got.weight_versions.tolist() == versions
+            else:
+                assert got.weight_versions is None
+
+
+def test_weight_versions_must_match_the_sampled_ids(ledger):
+    ro = ledger.create_rollout("g")
+    call = ledger.begin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
+    kw = dict(sampled_ids=[5, 6, 7], logprobs=[0.0] * 3, finish_reason="stop", summary_hash="s",
+              response_hash="r", response=None)
+    with pytest.raises(InputError, match="3 sampled ids but 2 weight versions"):
+        ledger.complete_call(call.id, **kw, weight_versions=[0, 0])
+    with pytest.raises(InputError, match=r"integers in \[0, 2\*\*31\)"):
+        ledger.complete_call(call.id, **kw, weight_versions=[0, -1, 0])
+    with pytest.raises(InputError, match="1 sampled ids but 3 weight versions"):
+        ledger.end_call(call.id, "failed", "boom", sampled_ids=[5], logprobs=[0.0], weight_versions=[1, 2, 3])
+    assert ledger.get_call(call.id).status == "pending"  # nothing was written by the refusals
+    ledger.end_call(call.id, "failed", "boom", sampled_ids=[5, 6], logprobs=[0.0, 0.0], weight_versions=[4, 5])
+    got = ledger.get_call(call.id)
+    assert got.status == "failed" and got.weight_versions.tolist() == [4, 5]
+    other = ledger.begin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
+    ledger.end_call(other.id, "aborted", "gone")
+    assert ledger.get_call(other.id).weight_versions is None
+
+
+# The calls table exactly as schema version 2 declared it (before weight_versions), and version 1
+# (before history_drift), to build old ledger files by hand.
+_V2_CALLS = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE rollouts (
+    id TEXT PRIMARY KEY, group_id TEXT, api_key TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'open',
+    metadata BLOB, reward REAL, valid INTEGER NOT NULL DEFAULT 1, record BLOB, created_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE TABLE calls (
+    id TEXT PRIMARY KEY, rollout_id TEXT NOT NULL REFERENCES rollouts(id), ordinal INTEGER NOT NULL,
+    parent_id TEXT REFERENCES calls(id), root INTEGER NOT NULL, status TEXT NOT NULL,
+    prompt_ids BLOB NOT NULL, prompt_len INTEGER NOT NULL, sampled_ids BLOB, logprobs BLOB,
+    finish_reason TEXT, request_hash TEXT NOT NULL, summary_hash TEXT, response_hash TEXT,
+    request_key TEXT, {drift}response BLOB, error TEXT, created_at REAL NOT NULL, completed_at REAL,
+    UNIQUE (rollout_id, ordinal)
+);
+"""
+
+
+def _old_ledger(path, version: int):
+    """A ledger file of schema `version` (1 or 2) holding one finished rollout with one completed call."""
+    db = sqlite3.connect(path)
+    drift = "history_drift INTEGER NOT NULL DEFAULT 0, " if version == 2 else ""
+    db.executescript(_V2_CALLS.replace("{drift}", drift))
+    db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(version),))
+    db.execute("INSERT INTO rollouts(id, group_id, api_key, status, record, reward, created_at) "
+               "VALUES ('ro_old', 'g', 'k', 'finished', NULL, 1.0, 1.0)")
+    db.execute("INSERT INTO calls(id, rollout_id, ordinal, root, status, prompt_ids, prompt_len, sampled_ids, "
+               "logprobs, finish_reason, request_hash, created_at) "
+               "VALUES ('c_old', 'ro_old', 1, 1, 'completed', ?, 2, ?, ?, 'stop', 'h', 1.0)",
+               (pack_ids([1, 2]), pack_ids([7, 8]), pack_floats([-0.5, -0.25])))
+    db.commit()
+    db.close()
+
+
+def _schema(path):
+    db = sqlite3.connect(path)
+    try:
+        version = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0]
+        cols = {r[1] for r in db.execute("PRAGMA table_info(calls)")}
+    finally:
+        db.close()
+    return version, cols
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_old_ledger_reads_read_only_and_migrates_on_writable_open(tmp_path, version):
+    path = tmp_path / "old.sqlite"
+    _old_ledger(path, version)
+    with Ledger(path, readonly=True) as led:  # read-only: read as it is, file untouched
+        (old,) = led.calls("ro_old")
+        assert old.sampled_ids.tolist() == [7, 8] and old.weight_versions is None and not old.history_drift
+        assert read_calls(led, "ro_old")[0].weight_versions is None
+    assert [c.weight_versions for _, calls in iter_finished(path) for c in calls] == [None]
+    before, cols = _schema(path)
+    assert before == str(version) and "weight_versions" not in cols
+
+    with Ledger(path) as led:  # writable: migrated in place, old calls keep NULL, new ones record
+        (old,) = led.calls("ro_old")
+        assert old.weight_versions is None and old.sampled_ids.tolist() == [7, 8]
+        ro = led.create_rollout("g")
+        c = led.begin_call(ro.id, parent_id=None, prompt_ids=[3], prompt_len=1, request_hash="h", history_drift=True)
+        led.complete_call(c.id, sampled_ids=[9], logprobs=[0.0], finish_reason="stop", summary_hash="s",
+                          response_hash="r", response=None, weight_versions=[6])
+    version_now, cols = _schema(path)
+    assert version_now == str(SCHEMA_VERSION) == "3"
+    assert {"weight_versions", "history_drift"} <= cols
+    with Ledger(path, readonly=True) as led:
+        got = led.get_call(c.id)
+        assert got.weight_versions.tolist() == [6] and got.history_drift
+        assert led.get_call("c_old").weight_versions is None
+
+
+def test_a_newer_ledger_is_refused_even_read_only(tmp_path):
+    path = tmp_path / "new.sqlite"
+    Ledger(path).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(InputError, match="schema version 4.*newer rowgrove"):
+        Ledger(path, readonly=True)

@@ -26,6 +26,10 @@ class Row:
     sampled (and that this row is the first to train); `logprobs` holds the engine's logprob at
     sampled positions and 0 elsewhere. `reward` and `advantage` are the rollout's, copied onto
     every one of its rows: they are counted once per rollout, never once per row.
+    `weight_versions` holds, per position, the weight version that sampled the token at every
+    sampled position of the chain (whatever the loss mask says there) and -1 on every token the
+    model did not sample (prompt, glue, tool output); None when a call on the chain has unknown
+    versions (a ledger written before versions were recorded).
     """
 
     rollout_id: str
@@ -39,6 +43,7 @@ class Row:
     segment: int = 0
     call_ids: Sequence[str] = ()
     mask_reason: str | None = None
+    weight_versions: Sequence[int] | None = None
 
 
 @dataclass
@@ -70,6 +75,7 @@ class Call:
     created_at: float = 0.0
     completed_at: float | None = None
     history_drift: bool = False        # continuation that kept its parent's tokens where the template drifts
+    weight_versions: np.ndarray | None = None  # int32, one per sampled id: the weight version that sampled it; None = unknown
 
 
 @dataclass

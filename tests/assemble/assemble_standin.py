@@ -4,11 +4,12 @@
 `(call_id, parent_id, prompt_ids, sampled_ids, reply_text)`, begins and completes each call with
 the hashes the gateway computes (response_hash = message_hash(response message),
 summary_hash = chain_step(h_n, response_hash)), then finishes the rollout with the record.
+`versions` maps call ids to the weight version of each sampled id (calls it omits: unknown).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ def write_rollout(
     valid: bool = True,
     fail: Sequence[str] = (),
     call_prefix: str = "",
+    versions: Mapping[str, Sequence[int]] | None = None,
 ) -> str:
     ro = ledger.create_rollout(group_id, rollout_id=rollout_id)
     full: dict[str, int] = {}
@@ -55,14 +57,14 @@ def write_rollout(
         )
         if cid in fail:
             ledger.end_call(call_id, "failed", "engine crashed", sampled_ids=list(sampled),
-                            logprobs=[logprob_of(t) for t in sampled])
+                            logprobs=[logprob_of(t) for t in sampled], weight_versions=(versions or {}).get(cid))
             continue
         msg = assistant(text)
         digest = message_hash(msg)
         ledger.complete_call(
             call_id, sampled_ids=list(sampled), logprobs=[logprob_of(t) for t in sampled],
             finish_reason="stop", summary_hash=chain_step(h_n, digest).hex(), response_hash=digest.hex(),
-            response={"choices": [{"message": msg}]},
+            response={"choices": [{"message": msg}]}, weight_versions=(versions or {}).get(cid),
         )
         full[cid] = prompt_len + len(sampled)
     ledger.finish_rollout(ro.id, record, reward, valid=valid)

@@ -135,9 +135,11 @@ def test_update_weights_between_batches():
         p = P(eng, "w")
         before = run(eng.generate(p, SamplingParams(temperature=0, max_tokens=6)))
         head = {k: v.clone() for k, v in eng.model.state_dict().items() if k == "model.norm.weight"}
+        assert before.weight_versions == [0] * len(before.token_ids)
         eng.update_weights({"model.norm.weight": head["model.norm.weight"] * 5.0})
         assert eng.weights_version == 1
         after = run(eng.generate(p, SamplingParams(temperature=0, max_tokens=6)))
+        assert after.weight_versions == [1] * len(after.token_ids)
         assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
         with pytest.raises(InputError, match="not in the model"):
             eng.update_weights({"nope.weight": torch.zeros(1)})

@@ -21,7 +21,11 @@ def test_both_kinds_satisfy_the_protocol(kind):
 
 
 def test_refusals_name_the_problem():
-    with pytest.raises(InputError, match="unknown engine 'vllm'"):
+    with pytest.raises(InputError, match="unknown engine 'trt'"):
+        make_engine("trt", "tiny")
+    with pytest.raises(InputError, match="vllm engine needs url="):
         make_engine("vllm", "tiny")
+    with pytest.raises(InputError, match="sglang engine does not take max_batch"):
+        make_engine("sglang", "tiny", url="http://127.0.0.1:1", max_batch=4)
     with pytest.raises(InputError, match="does not take max_batch"):
         make_engine("scripted", "tiny", max_batch=4)

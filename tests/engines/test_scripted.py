@@ -99,3 +99,24 @@ def test_concurrent_requests_do_not_block_the_loop(engine):
     gens, ticks = asyncio.run(main())
     assert [engine.tokenizer.decode(g.token_ids[:-1]) for g in gens] == [f"reply {k}" for k in range(1, 9)]
     assert ticks > 8
+
+
+def test_update_weights_bumps_the_version_on_every_token():
+    eng = make_engine("scripted", "tiny")
+    try:
+        p = prompt(eng)
+        before = asyncio.run(eng.generate(p, SamplingParams(), hints={"ordinal": 2}))
+        assert eng.weights_version == 0 and before.weight_versions == [0] * len(before.token_ids)
+        norm = eng.model.state_dict()["model.norm.weight"].clone()
+        eng.update_weights({"model.norm.weight": norm * 5.0})
+        assert eng.weights_version == 1
+        after = asyncio.run(eng.generate(p, SamplingParams(), hints={"ordinal": 2}))
+        assert after.token_ids == before.token_ids                      # the script does not change
+        assert after.weight_versions == [1] * len(after.token_ids)
+        assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)  # the weights did
+        assert after.logprobs == pytest.approx(direct_logprobs(eng.model, p, after.token_ids)[0], abs=1e-5)
+        with pytest.raises(InputError, match="not in the model"):
+            eng.update_weights({"nope.weight": torch.zeros(1)})
+        assert eng.weights_version == 1
+    finally:
+        asyncio.run(eng.aclose())

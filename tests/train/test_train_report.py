@@ -29,10 +29,28 @@ def test_config_from_yaml_then_overrides(tmp_path):
     (["packed=1"], "true/false"),
     (["lr_decay_to=2"], "lr_decay_to=2.0"),
     (["kl_coef=-1"], "kl_coef=-1.0"),
+    (["max_staleness=two"], "max_staleness is an integer or null"),
+    (["max_staleness=true"], "max_staleness is an integer or null"),
+    (["max_staleness=1.5"], "max_staleness is an integer or null"),
+    (["max_staleness=-1"], "max_staleness=-1"),
 ])
 def test_bad_config_is_named(bad, match):
     with pytest.raises(InputError, match=match):
         load_config(None, bad)
+
+
+def test_max_staleness_is_an_int_or_none(tmp_path):
+    assert TrainConfig().max_staleness is None
+    assert load_config(None, ["max_staleness=2"]).max_staleness == 2
+    assert load_config(None, ["max_staleness=0"]).max_staleness == 0
+    assert load_config(None, {"max_staleness": 3}).max_staleness == 3
+    assert load_config(None, ["max_staleness=null"], base=TrainConfig(max_staleness=4)).max_staleness is None
+    p = tmp_path / "c.yaml"
+    p.write_text("max_staleness: 1\n")
+    cfg = load_config(p)
+    assert cfg.max_staleness == 1
+    (tmp_path / "config.json").write_text(json.dumps(cfg.replace(max_staleness=None).to_dict()))
+    assert load_config(tmp_path / "config.json").max_staleness is None   # as --resume reads it back
 
 
 def test_metrics_plots_and_report(tmp_path):

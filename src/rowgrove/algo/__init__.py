@@ -1,4 +1,5 @@
-"""The split-invariant GRPO math: advantages per rollout, loss weights, mini-batches, packing.
+"""The split-invariant GRPO math: advantages per rollout, loss weights, mini-batches, packing,
+staleness of a rollout's tokens.
 
 Pure numpy (torch only for a packed attention mask), no I/O, callable with literals:
 
@@ -11,6 +12,7 @@ See docs/math.md for every formula and its divisor.
 from rowgrove.algo.advantages import ESTIMATORS, assign_advantages, group_advantages
 from rowgrove.algo.batching import minibatches
 from rowgrove.algo.packing import PackedBin, pack_rows, pack_tokens, packed_attention_mask, unpack_tokens
+from rowgrove.algo.staleness import mask_stale, staleness
 from rowgrove.algo.weights import MODES, loss_weights
 
 __all__ = [
@@ -20,9 +22,11 @@ __all__ = [
     "assign_advantages",
     "group_advantages",
     "loss_weights",
+    "mask_stale",
     "minibatches",
     "pack_rows",
     "pack_tokens",
     "packed_attention_mask",
+    "staleness",
     "unpack_tokens",
 ]

@@ -8,7 +8,9 @@ Masks. `loss_mask` is 1 exactly on the sampled tokens of accepted calls, and onl
 row (segment order) that holds them: where two accepted leaves share ancestors (parallel
 branches, a sub-agent forked from the conversation) the shared sampled tokens are trained once.
 Prompts, template glue, tool outputs and summaries are 0. `logprobs` holds the engine's logprob
-at every sampled position and 0 elsewhere. Segments are numbered by (root ordinal, leaf ordinal).
+at every sampled position and 0 elsewhere; `weight_versions` the weight version that sampled
+each sampled position and -1 elsewhere (None when a call of the chain has no recorded versions).
+Segments are numbered by (root ordinal, leaf ordinal).
 
 Validity. The rollout is invalid — every row `valid=False` with `mask_reason` — when an assistant
 message of the record matches no call, an ancestor of an accepted leaf is not accepted (the record
@@ -88,8 +90,9 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
     """Rows of one finished rollout from its calls (any order; ordinals decide).
 
     Promises: every position with loss mask 1 holds a token the engine sampled, with its logprob
-    (promise 1); every row carries `rollout.reward` (promise 2); a rollout whose record cannot be
-    traced to its calls still yields its rows, marked invalid with the reason (promise 5).
+    and (when recorded) the weight version that sampled it (promise 1); every row carries
+    `rollout.reward` (promise 2); a rollout whose record cannot be traced to its calls still
+    yields its rows, marked invalid with the reason (promise 5).
 
     metrics: calls, roots, accepted_calls, rejected_calls (completed, never trained),
     failed_calls (failed, aborted or pending), unmatched_messages, rows, row_tokens,
@@ -194,15 +197,25 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         input_ids = np.concatenate(pieces).astype(np.int32, copy=False) if pieces else np.zeros(0, np.int32)
         loss_mask = np.zeros(pos, np.int32)
         logprobs = np.zeros(pos, np.float32)
+        known = all(c.weight_versions is not None for c in chain)
+        versions = np.full(pos, -1, np.int32) if known else None
         for a, b, c in spans:
             logprobs[a:b] = c.logprobs
+            if versions is not None:
+                if len(c.weight_versions) != b - a:
+                    fail("inconsistent_ledger",
+                        f"call {c.id}: {b - a} sampled ids but {len(c.weight_versions)} weight versions: "
+                        "the ledger is inconsistent")
+                    versions = None
+                else:
+                    versions[a:b] = c.weight_versions
             if c.id in accepted and c.id not in trained and c.status == "completed":
                 loss_mask[a:b] = 1
                 trained.add(c.id)
         rows.append(Row(
             rollout_id=rollout.id, group_id=rollout.group_id, input_ids=input_ids, loss_mask=loss_mask,
             reward=rollout.reward, valid=True, advantage=None, logprobs=logprobs, segment=seg,
-            call_ids=[c.id for c in chain], mask_reason=None,
+            call_ids=[c.id for c in chain], mask_reason=None, weight_versions=versions,
         ))
 
     if not rows and not reasons:

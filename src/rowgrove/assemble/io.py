@@ -2,7 +2,9 @@
 
 One schema, declared once (`ROW_SCHEMA`), used by both writers and by `row_to_json`, the shape of
 `GET /v1/rollouts/{id}/rows`. Reading a file back gives rows equal to the ones written: ids and
-mask as int32 arrays, logprobs as float32 (a float32 written as JSON text reads back exactly).
+mask as int32 arrays, logprobs as float32 (a float32 written as JSON text reads back exactly),
+weight versions as int32 or None (a null column value / JSON null). Files written before a
+column existed (`OPTIONAL`) still read: the column reads as None.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ ROW_SCHEMA = pa.schema([
     ("advantage", pa.float64()),
     ("valid", pa.bool_()),
     ("mask_reason", pa.string()),
+    ("weight_versions", pa.list_(pa.int32())),   # null: versions unknown
 ])
 FIELDS = tuple(ROW_SCHEMA.names)
+OPTIONAL = ("weight_versions",)   # added later: older row files lack it, and read as None
 
 
 def _floats(xs: Any) -> list[float]:
@@ -54,6 +58,8 @@ def row_to_json(row: Row) -> dict[str, Any]:
         "advantage": None if row.advantage is None else float(row.advantage),
         "valid": bool(row.valid),
         "mask_reason": row.mask_reason,
+        "weight_versions": (None if row.weight_versions is None
+                            else np.asarray(row.weight_versions, dtype=np.int32).tolist()),
     }
 
 
@@ -74,6 +80,7 @@ def row_from_json(d: dict[str, Any]) -> Row:
         segment=int(d.get("segment", 0)),
         call_ids=list(d.get("call_ids") or ()),
         mask_reason=d.get("mask_reason"),
+        weight_versions=None if d.get("weight_versions") is None else np.asarray(d["weight_versions"], dtype=np.int32),
     )
 
 
@@ -86,12 +93,16 @@ def _format(path: Path) -> str:
     raise InputError(f"{path}: unknown row file type: name it *.parquet or *.jsonl")
 
 
-def _list_array(arrays: list[np.ndarray], dtype: Any, pa_type: pa.DataType) -> pa.Array:
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+def _list_array(arrays: list[np.ndarray | None], dtype: Any, pa_type: pa.DataType) -> pa.Array:
+    """A list array of `arrays`; a None entry becomes a null list."""
+    nulls = np.fromiter((a is None for a in arrays), dtype=bool, count=len(arrays))
+    present = [a for a in arrays if a is not None]
+    lengths = np.fromiter((0 if a is None else len(a) for a in arrays), dtype=np.int64, count=len(arrays))
     offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, pa_type))
+    flat = np.concatenate(present).astype(dtype, copy=False) if present else np.zeros(0, dtype)
+    mask = pa.array(nulls, pa.bool_()) if nulls.any() else None
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, pa_type), mask=mask)
 
 
 def rows_to_table(rows: list[Row]) -> pa.Table:
@@ -112,6 +123,9 @@ def rows_to_table(rows: list[Row]) -> pa.Table:
         "advantage": pa.array([None if r.advantage is None else float(r.advantage) for r in rows], pa.float64()),
         "valid": pa.array([bool(r.valid) for r in rows], pa.bool_()),
         "mask_reason": pa.array([r.mask_reason for r in rows], pa.string()),
+        "weight_versions": _list_array(
+            [None if r.weight_versions is None else np.asarray(r.weight_versions, dtype=np.int32) for r in rows],
+            np.int32, pa.int32()),
     }
     return pa.table(cols, schema=ROW_SCHEMA)
 
@@ -123,21 +137,33 @@ def _split(col: pa.ChunkedArray, dtype: Any) -> list[np.ndarray]:
     return [flat[offsets[i]:offsets[i + 1]] for i in range(len(arr))]
 
 
+def _split_nullable(table: pa.Table, name: str, dtype: Any) -> list[np.ndarray | None]:
+    """`_split` of an optional list column: None for a null entry, or for every row of a table
+    written before the column existed."""
+    if name not in table.column_names:
+        return [None] * table.num_rows
+    col = table[name]
+    nulls = col.combine_chunks().is_null().to_numpy(zero_copy_only=False)
+    return [None if null else a for a, null in zip(_split(col, dtype), nulls, strict=True)]
+
+
 def table_to_rows(table: pa.Table) -> list[Row]:
     """The inverse of `rows_to_table`."""
-    missing = [f for f in FIELDS if f not in table.column_names]
+    missing = [f for f in FIELDS if f not in table.column_names and f not in OPTIONAL]
     if missing:
         raise InputError(f"row table lacks columns {', '.join(missing)}: write it with rowgrove.assemble.write_rows")
     ids = _split(table["input_ids"], np.int32)
     masks = _split(table["loss_mask"], np.int32)
     lps = _split(table["logprobs"], np.float32)
-    plain = {k: table[k].to_pylist() for k in FIELDS if k not in ("input_ids", "loss_mask", "logprobs")}
+    versions = _split_nullable(table, "weight_versions", np.int32)
+    plain = {k: table[k].to_pylist() for k in FIELDS
+             if k not in ("input_ids", "loss_mask", "logprobs") and k not in OPTIONAL}
     return [
         Row(
             rollout_id=plain["rollout_id"][i], group_id=plain["group_id"][i], input_ids=ids[i],
             loss_mask=masks[i], reward=plain["reward"][i], valid=plain["valid"][i],
             advantage=plain["advantage"][i], logprobs=lps[i], segment=plain["segment"][i],
-            call_ids=plain["call_ids"][i], mask_reason=plain["mask_reason"][i],
+            call_ids=plain["call_ids"][i], mask_reason=plain["mask_reason"][i], weight_versions=versions[i],
         )
         for i in range(table.num_rows)
     ]

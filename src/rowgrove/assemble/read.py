@@ -14,16 +14,28 @@ from pathlib import Path
 
 from rowgrove.errors import Conflict
 from rowgrove.ledger import Ledger
-from rowgrove.ledger.store import _ROLLOUT_COLUMNS, _rollout_from_row, unpack_floats, unpack_ids
+from rowgrove.ledger.store import (
+    _ROLLOUT_COLUMNS,
+    _rollout_from_row,
+    table_columns,
+    unpack_floats,
+    unpack_ids,
+    unpack_versions,
+)
 from rowgrove.types import Call, Rollout
 
-_COLS = (
-    "c.id, c.rollout_id, c.ordinal, c.parent_id, c.root, c.status, c.prompt_ids, c.prompt_len, "
-    "c.sampled_ids, c.logprobs, c.finish_reason, c.request_hash, c.summary_hash, c.response_hash, "
-    # `error` is stored after the response body: reading it for every call would walk the body's
-    # overflow pages, so it is read only where there can be one
-    "CASE WHEN c.status != 'completed' THEN c.error END"
-)
+
+def _cols(present: set[str] | frozenset[str]) -> str:
+    """The columns rows need, for a calls table holding `present` (an older ledger opened
+    read-only has no weight_versions: its calls read as unknown)."""
+    return (
+        "c.id, c.rollout_id, c.ordinal, c.parent_id, c.root, c.status, c.prompt_ids, c.prompt_len, "
+        "c.sampled_ids, c.logprobs, c.finish_reason, c.request_hash, c.summary_hash, c.response_hash, "
+        # `error` is stored after the response body: reading it for every call would walk the body's
+        # overflow pages, so it is read only where there can be one
+        "CASE WHEN c.status != 'completed' THEN c.error END, "
+        + ("c.weight_versions" if "weight_versions" in present else "NULL")
+    )
 
 
 def _call(r: tuple) -> Call:
@@ -31,15 +43,16 @@ def _call(r: tuple) -> Call:
         id=r[0], rollout_id=r[1], ordinal=r[2], parent_id=r[3], root=bool(r[4]), status=r[5],
         prompt_ids=unpack_ids(r[6]), prompt_len=r[7], sampled_ids=unpack_ids(r[8]),
         logprobs=unpack_floats(r[9]), finish_reason=r[10], request_hash=r[11],
-        summary_hash=r[12], response_hash=r[13], error=r[14],
+        summary_hash=r[12], response_hash=r[13], error=r[14], weight_versions=unpack_versions(r[15]),
     )
 
 
 def read_calls(ledger: Ledger, rollout_id: str) -> list[Call]:
     """The rollout's calls in ordinal order, without their response bodies."""
     with ledger._lock:
+        cols = _cols(ledger.call_table_columns)
         rows = ledger._db.execute(
-            f"SELECT {_COLS} FROM calls c WHERE c.rollout_id=? ORDER BY c.ordinal", (rollout_id,)
+            f"SELECT {cols} FROM calls c WHERE c.rollout_id=? ORDER BY c.ordinal", (rollout_id,)
         ).fetchall()
     return [_call(r) for r in rows]
 
@@ -86,7 +99,7 @@ def iter_finished(ledger: Ledger | str | Path) -> Iterator[tuple[Rollout, list[C
                 f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE status='finished' ORDER BY created_at, id"
             )
         ]
-        sql = f"SELECT {_COLS} FROM calls c WHERE c.rollout_id=? ORDER BY c.ordinal"
+        sql = f"SELECT {_cols(table_columns(db, 'calls'))} FROM calls c WHERE c.rollout_id=? ORDER BY c.ordinal"
         for ro in ros:
             yield ro, [_call(r) for r in db.execute(sql, (ro.id,))]
     finally:

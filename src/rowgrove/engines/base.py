@@ -58,12 +58,16 @@ class SamplingParams:
 class Generation:
     """What an engine sampled for one request. `finish_reason` is "stop" (end-of-turn, a stop id
     or a stop string ended it; the ending token is the last of `token_ids`) or "length"
-    (max_tokens reached). `top_logprobs[i]` lists (id, logprob) alternatives, best first."""
+    (max_tokens reached). `top_logprobs[i]` lists (id, logprob) alternatives, best first.
+    `weight_versions[i]` is the weight version (>= 0, the engine's `weights_version`) that
+    sampled `token_ids[i]`; None when the engine reports none (the gateway then stamps every
+    token with the version it read just before asking)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    weight_versions: list[int] | None = None
 
 
 @runtime_checkable

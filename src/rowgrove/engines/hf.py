@@ -27,7 +27,7 @@ What the numbers mean:
 
 Weights: `update_weights(state_dict)` blocks until applied. It is applied when no row is running
 (admission pauses while an update waits), so every generation comes from a single weight version;
-`weights_version` counts updates.
+`weights_version` counts updates, and `Generation.weight_versions` carries it on every token.
 
 Supports models whose cache is transformers' DynamicCache of full-attention layers (Llama, Qwen2,
 Qwen3, Mistral without sliding window, ...).
@@ -276,7 +276,9 @@ class HFEngine:
             elif len(r.token_ids) >= r.sampling.max_tokens:
                 finish = "length"
             if finish is not None:
-                r.resolve(Generation(token_ids=r.token_ids, logprobs=r.logprobs, finish_reason=finish, top_logprobs=r.tops))
+                # updates apply only while no row runs, so one version sampled every token of it
+                r.resolve(Generation(token_ids=r.token_ids, logprobs=r.logprobs, finish_reason=finish,
+                                     top_logprobs=r.tops, weight_versions=[self.weights_version] * len(r.token_ids)))
             elif not r.cancelled.is_set():
                 keep.append(i)
         if len(keep) < len(rows):

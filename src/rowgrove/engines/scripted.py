@@ -9,6 +9,10 @@ followed by the end-of-turn id unless the text already ends with a stop token (g
 `<|call|>`, GLM `<|observation|>`); the engine stops at the first stop token, as a sampler would. max_tokens, stop
 strings and stop ids cut it exactly as a sampler would (a cut by max_tokens has no end-of-turn).
 Model work runs in one worker thread, never on the event loop.
+
+Weights: `update_weights(state_dict)` loads into the model in that same worker thread, between
+two forward passes, and bumps `weights_version`; every token of a generation carries the version
+its logprobs were computed under (`Generation.weight_versions`), as with the hf engine.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rowgrove.engines.base import Generation, SamplingParams, StopChecker, check_prompt, teacher_forced_logprobs
 from rowgrove.errors import EngineError, InputError
 from rowgrove.model.load import end_of_turn_id, stop_token_ids
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ScriptedEngine:
@@ -39,6 +46,7 @@ class ScriptedEngine:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rowgrove-scripted",
                                         initializer=_set_threads, initargs=(threads,))
         self._closed = False
+        self.weights_version = 0
 
     def script_ids(self, sampling: SamplingParams, hints: Mapping[str, Any] | None) -> tuple[list[int], str]:
         """The token ids the engine will return for these hints and their finish reason."""
@@ -72,11 +80,42 @@ class ScriptedEngine:
         ids, finish = self.script_ids(sampling, hints)
         loop = asyncio.get_running_loop()
         try:
-            lp, tops = await loop.run_in_executor(
-                self._pool, teacher_forced_logprobs, self.model, prompt, ids, sampling.top_logprobs)
+            lp, tops, version = await loop.run_in_executor(self._pool, self._score, prompt, ids, sampling.top_logprobs)
         except Exception as e:  # a model failure is the engine's, not the caller's
             raise EngineError(f"scripted engine forward pass failed: {type(e).__name__}: {e}") from e
-        return Generation(token_ids=ids, logprobs=lp, finish_reason=finish, top_logprobs=tops)
+        return Generation(token_ids=ids, logprobs=lp, finish_reason=finish, top_logprobs=tops,
+                          weight_versions=[version] * len(ids))
+
+    def _score(self, prompt: list[int], ids: list[int], top_logprobs: int) -> tuple[list[float], Any, int]:
+        """Teacher-forced logprobs and the weight version they were computed under (worker thread:
+        updates run there too, so the version cannot change during the pass)."""
+        lp, tops = teacher_forced_logprobs(self.model, prompt, ids, top_logprobs)
+        return lp, tops, self.weights_version
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load `state_dict` (names as in `model.state_dict()`, a subset allowed) into the model
+        between two forward passes and bump `weights_version`; blocks until applied. Call it from
+        a thread (e.g. `asyncio.to_thread`) when an event loop in this thread serves requests."""
+        known = set(self.model.state_dict())
+        unknown = [k for k in state_dict if k not in known]
+        if unknown:
+            raise InputError(f"update_weights: {len(unknown)} names not in the model ({', '.join(unknown[:5])}): "
+                             "pass names from model.state_dict()")
+        if self._closed:
+            raise EngineError("scripted engine is closed: create a new one")
+        try:
+            self._pool.submit(self._apply, state_dict).result()
+        except Exception as e:  # noqa: BLE001 - a failed copy is the engine's
+            raise EngineError(f"update_weights failed: {type(e).__name__}: {e}") from e
+
+    def _apply(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        import torch
+
+        with torch.no_grad():
+            params = self.model.state_dict()
+            for name, value in state_dict.items():
+                params[name].copy_(value.to(device=params[name].device, dtype=params[name].dtype))
+        self.weights_version += 1
 
     async def aclose(self) -> None:
         """Stop the worker thread (waits for the request in progress)."""

@@ -278,6 +278,8 @@ class Gateway:
         # rollout_id keeps a rollout on one server (prefix cache); call_id names the request there
         hints = {"ordinal": call.ordinal, "script": req.script, "rollout_id": session.rollout_id,
                  "call_id": call.id}
+        # the weights the engine holds as it is asked: every token's version when it reports none
+        version_before = getattr(self.engine, "weights_version", 0)
         try:
             gen = await asyncio.wait_for(
                 self.engine.generate(plan.full_prompt_ids, req.sampling, hints=hints),
@@ -297,6 +299,12 @@ class Gateway:
             if isinstance(e, EngineError | Overloaded):  # engine faults and engine overload keep their status
                 raise
             raise EngineError(f"the engine failed on call {call.id}: {type(e).__name__}: {e}") from e
+        versions, problem = call_weight_versions(gen, version_before)
+        if problem is not None:
+            self.ledger.end_call(call.id, "failed", f"bad weight versions from the engine: {problem}",
+                                 sampled_ids=gen.token_ids, logprobs=gen.logprobs)
+            raise EngineError(f"the engine answered call {call.id} with bad weight versions ({problem}): "
+                              "an engine must give one version >= 0 per sampled token, or none")
         try:
             body, message, finish = self._response(req, call, plan, gen)
             summary, response_hash = summary_hashes(plan, message)
@@ -308,10 +316,11 @@ class Gateway:
                 summary_hash=summary,
                 response_hash=response_hash,
                 response=body,
+                weight_versions=versions,
             )
         except BaseException as e:
             self.ledger.end_call(call.id, "failed", f"could not record the response: {type(e).__name__}: {e}",
-                                 sampled_ids=gen.token_ids, logprobs=gen.logprobs)
+                                 sampled_ids=gen.token_ids, logprobs=gen.logprobs, weight_versions=versions)
             raise
         if session.index is not None:
             text = None if plan.context_text is None else plan.context_text + self.renderer.decode(gen.token_ids)
@@ -402,7 +411,7 @@ class Gateway:
                 {"id": c.id, "ordinal": c.ordinal, "parent_id": c.parent_id, "root": c.root,
                  "status": c.status, "prompt_tokens": c.prompt_len,
                  "completion_tokens": int(len(c.sampled_ids)), "finish_reason": c.finish_reason,
-                 "history_drift": c.history_drift}
+                 "history_drift": c.history_drift, "weight_version": _version_range(c)}
                 for c in calls
             ],
         }
@@ -420,6 +429,30 @@ class Gateway:
             "metrics": _jsonable(built.metrics),
             "invalid_reason": built.invalid_reason,
         }
+
+
+def call_weight_versions(gen: Any, version_before: int) -> tuple[list[int], str | None]:
+    """(one weight version per sampled token, None) for the engine's answer `gen`: its own
+    `weight_versions` when it reports them, else `version_before` (the engine's `weights_version`
+    read just before it was asked) on every token. A list of the wrong length, or a version that
+    is not an int in [0, 2**31) (the ledger stores int32), gives ([], what is wrong)."""
+    n = len(gen.token_ids)
+    given = getattr(gen, "weight_versions", None)
+    vs = [version_before] * n if given is None else list(given)
+    if len(vs) != n:
+        return [], f"{len(vs)} versions for {n} sampled tokens"
+    bad = [v for v in vs if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= v < 2**31]
+    if bad:
+        return [], f"versions must be ints in [0, 2**31), got {bad[:3]}"
+    return [int(v) for v in vs], None
+
+
+def _version_range(call: Call) -> list[int] | None:
+    """[oldest, newest] weight version over the call's sampled tokens; None when unknown or none."""
+    vs = call.weight_versions
+    if vs is None or len(vs) == 0:
+        return None
+    return [int(vs.min()), int(vs.max())]
 
 
 def _jsonable(x: Any) -> Any:

@@ -1,8 +1,9 @@
 """SQLite store for rollouts and calls (WAL mode, schema declared once below).
 
-Token arrays are packed little-endian int32 blobs (logprobs float32): 2× smaller and ~30× faster
-to read than JSON. A root stores its full prompt; a continuation stores only the part it added
-after its parent's sampled tokens, so a 100-turn rollout stores each token about once.
+Token arrays are packed little-endian int32 blobs (logprobs float32, weight versions int32, one
+per sampled id): 2× smaller and ~30× faster to read than JSON. A root stores its full prompt; a
+continuation stores only the part it added after its parent's sampled tokens, so a 100-turn
+rollout stores each token about once.
 
 A call is written as `pending` before the engine is asked and completed, failed or aborted after;
 the gateway answers the harness only after the completion is committed. Nothing is deleted.
@@ -24,7 +25,14 @@ import orjson
 from rowgrove.errors import Conflict, InputError, NotFound
 from rowgrove.types import Call, Rollout
 
-SCHEMA_VERSION = 2  # 2: calls.history_drift (a version-1 ledger is migrated on open)
+SCHEMA_VERSION = 3  # 2: calls.history_drift; 3: calls.weight_versions (older ledgers are migrated on open)
+
+# columns later versions added to `calls`, with the DDL that adds them and the value an older
+# ledger's calls read as: every call such a ledger holds predates what the column records
+_ADDED_CALL_COLUMNS = {
+    "history_drift": ("history_drift INTEGER NOT NULL DEFAULT 0", "0"),
+    "weight_versions": ("weight_versions BLOB", "NULL"),
+}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -54,6 +62,7 @@ CREATE TABLE IF NOT EXISTS calls (
     prompt_len    INTEGER NOT NULL,                -- full prompt length the engine saw
     sampled_ids   BLOB,                            -- int32
     logprobs      BLOB,                            -- float32, one per sampled id
+    weight_versions BLOB,                          -- int32, one per sampled id; NULL = unknown
     finish_reason TEXT,
     request_hash  TEXT NOT NULL,
     summary_hash  TEXT,
@@ -74,8 +83,9 @@ CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts (status, created_at);
 _CALL_COLUMNS = (
     "id, rollout_id, ordinal, parent_id, root, status, prompt_ids, prompt_len, sampled_ids, "
     "logprobs, finish_reason, request_hash, summary_hash, response_hash, request_key, response, "
-    "error, created_at, completed_at, history_drift"
+    "error, created_at, completed_at, history_drift, weight_versions"
 )
+_OLD_VERSIONS = ("1", "2")  # migrated on a writable open, read as they are on a read-only one
 _ROLLOUT_COLUMNS = (
     "id, group_id, api_key, status, metadata, reward, valid, record, created_at, finished_at"
 )
@@ -97,6 +107,43 @@ def unpack_floats(blob: bytes | None) -> np.ndarray:
     return np.frombuffer(blob, dtype="<f4") if blob else np.zeros(0, np.float32)
 
 
+def unpack_versions(blob: bytes | None) -> np.ndarray | None:
+    """Weight versions of a call's sampled ids; None where the ledger does not know them (NULL)."""
+    return None if blob is None else np.frombuffer(blob, dtype="<i4")
+
+
+def call_columns(present: set[str] | frozenset[str]) -> str:
+    """`_CALL_COLUMNS` for a calls table that has the columns `present`: a column an older schema
+    lacks reads as its default (see `_ADDED_CALL_COLUMNS`), so old ledgers stay readable."""
+    out = []
+    for name in (c.strip() for c in _CALL_COLUMNS.split(",")):
+        if name in _ADDED_CALL_COLUMNS and name not in present:
+            out.append(_ADDED_CALL_COLUMNS[name][1])
+        else:
+            out.append(name)
+    return ", ".join(out)
+
+
+def table_columns(db: sqlite3.Connection, table: str) -> set[str]:
+    """The column names of `table` in the database `db`."""
+    return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+
+
+def _check_versions(call_id: str, sampled_ids: Sequence[int] | np.ndarray,
+                    weight_versions: Sequence[int] | np.ndarray | None) -> bytes | None:
+    """The packed versions, or None; InputError unless there is one version >= 0 per sampled id."""
+    if weight_versions is None:
+        return None
+    vs = np.asarray(weight_versions)
+    if vs.ndim != 1 or len(vs) != len(sampled_ids):
+        raise InputError(
+            f"call {call_id}: {len(sampled_ids)} sampled ids but {vs.size} weight versions: give one per sampled id"
+        )
+    if len(vs) and (not np.issubdtype(vs.dtype, np.integer) or vs.min() < 0 or vs.max() > np.iinfo(np.int32).max):
+        raise InputError(f"call {call_id}: weight versions must be integers in [0, 2**31), got {vs[:5].tolist()}")
+    return pack_ids(vs)
+
+
 def _json(value: Any) -> bytes | None:
     return None if value is None else orjson.dumps(value)
 
@@ -112,6 +159,7 @@ def _call_from_row(r: tuple) -> Call:
         logprobs=unpack_floats(r[9]), finish_reason=r[10], request_hash=r[11],
         summary_hash=r[12], response_hash=r[13], request_key=r[14], response=_unjson(r[15]),
         error=r[16], created_at=r[17], completed_at=r[18], history_drift=bool(r[19]),
+        weight_versions=unpack_versions(r[20]),
     )
 
 
@@ -123,7 +171,11 @@ def _rollout_from_row(r: tuple) -> Rollout:
 
 
 class Ledger:
-    """One SQLite file holding rollouts and their calls. Safe to share between threads."""
+    """One SQLite file holding rollouts and their calls. Safe to share between threads.
+
+    A writable open migrates a ledger of an older schema version (1, 2) in place; a read-only one
+    reads it as it is, the columns it lacks reading as their defaults. `call_table_columns` names
+    the columns the file's calls table has."""
 
     def __init__(self, path: str | Path, *, readonly: bool = False):
         self.path = str(path)
@@ -143,18 +195,32 @@ class Ledger:
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
         version = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if version is not None and version[0] == "1" and not readonly:
-            # version 1 lacks calls.history_drift: every call it holds predates drift detection
-            cols = {r[1] for r in self._db.execute("PRAGMA table_info(calls)")}
-            if "history_drift" not in cols:
-                self._db.execute("ALTER TABLE calls ADD COLUMN history_drift INTEGER NOT NULL DEFAULT 0")
-            self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+        old = version is not None and version[0] in _OLD_VERSIONS
+        if old and not readonly:
+            # an older ledger gains the columns it lacks; its calls read as the columns' defaults
+            # (no drift detected, weight versions unknown)
+            cols = table_columns(self._db, "calls")
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for name, (ddl, _) in _ADDED_CALL_COLUMNS.items():
+                    if name not in cols:
+                        self._db.execute(f"ALTER TABLE calls ADD COLUMN {ddl}")
+                self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
             version = (str(SCHEMA_VERSION),)
-        if version is None or int(version[0]) != SCHEMA_VERSION:
+        if version is None or (version[0] != str(SCHEMA_VERSION) and not (old and readonly)):
             raise InputError(
                 f"ledger {self.path} has schema version {version and version[0]}, this rowgrove "
-                f"reads version {SCHEMA_VERSION}: use a fresh ledger file"
+                f"reads versions {', '.join(_OLD_VERSIONS)} and {SCHEMA_VERSION}: use a fresh ledger file"
+                + (" or a newer rowgrove" if version is not None and version[0].isdigit()
+                   and int(version[0]) > SCHEMA_VERSION else "")
             )
+        # read-only on an older version: the columns it lacks read as their defaults
+        self.call_table_columns = frozenset(table_columns(self._db, "calls"))
+        self._call_columns = call_columns(self.call_table_columns)
         self._lock = threading.RLock()
         self._next_ordinal: dict[str, int] = {}
 
@@ -300,18 +366,22 @@ class Ledger:
         summary_hash: str,
         response_hash: str,
         response: dict[str, Any] | None,
+        weight_versions: Sequence[int] | np.ndarray | None = None,
     ) -> None:
-        """Commit the engine's answer; only after this may the harness see it."""
+        """Commit the engine's answer; only after this may the harness see it.
+        `weight_versions`: the weight version that sampled each id (one per sampled id, >= 0);
+        None stores them as unknown."""
         if len(sampled_ids) != len(logprobs):
             raise InputError(
                 f"call {call_id}: {len(sampled_ids)} sampled ids but {len(logprobs)} logprobs"
             )
+        versions = _check_versions(call_id, sampled_ids, weight_versions)
         with self._lock:
             cur = self._db.execute(
-                "UPDATE calls SET status='completed', sampled_ids=?, logprobs=?, finish_reason=?, "
-                "summary_hash=?, response_hash=?, response=?, completed_at=? "
+                "UPDATE calls SET status='completed', sampled_ids=?, logprobs=?, weight_versions=?, "
+                "finish_reason=?, summary_hash=?, response_hash=?, response=?, completed_at=? "
                 "WHERE id=? AND status='pending'",
-                (pack_ids(sampled_ids), pack_floats(logprobs), finish_reason, summary_hash,
+                (pack_ids(sampled_ids), pack_floats(logprobs), versions, finish_reason, summary_hash,
                  response_hash, _json(response), time.time(), call_id),
             )
         if cur.rowcount != 1:
@@ -325,15 +395,18 @@ class Ledger:
         *,
         sampled_ids: Sequence[int] | np.ndarray = (),
         logprobs: Sequence[float] | np.ndarray = (),
+        weight_versions: Sequence[int] | np.ndarray | None = None,
     ) -> None:
-        """Mark a pending call failed or aborted, keeping whatever the engine had sampled."""
+        """Mark a pending call failed or aborted, keeping whatever the engine had sampled (and,
+        when given, the weight version of each sampled id, as in `complete_call`)."""
         if status not in ("failed", "aborted"):
             raise InputError(f"end_call status must be 'failed' or 'aborted', not {status!r}")
+        versions = _check_versions(call_id, sampled_ids, weight_versions)
         with self._lock:
             self._db.execute(
-                "UPDATE calls SET status=?, error=?, sampled_ids=?, logprobs=?, completed_at=? "
+                "UPDATE calls SET status=?, error=?, sampled_ids=?, logprobs=?, weight_versions=?, completed_at=? "
                 "WHERE id=? AND status='pending'",
-                (status, error, pack_ids(sampled_ids), pack_floats(logprobs), time.time(), call_id),
+                (status, error, pack_ids(sampled_ids), pack_floats(logprobs), versions, time.time(), call_id),
             )
 
     def abort_pending(self, reason: str = "server restarted while the call was in flight") -> int:
@@ -347,7 +420,7 @@ class Ledger:
 
     def get_call(self, call_id: str) -> Call:
         with self._lock:
-            r = self._db.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE id=?", (call_id,)).fetchone()
+            r = self._db.execute(f"SELECT {self._call_columns} FROM calls WHERE id=?", (call_id,)).fetchone()
         if r is None:
             raise NotFound(f"call {call_id} not found")
         return _call_from_row(r)
@@ -356,7 +429,7 @@ class Ledger:
         """The rollout's calls in ordinal order."""
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_CALL_COLUMNS} FROM calls WHERE rollout_id=? ORDER BY ordinal", (rollout_id,)
+                f"SELECT {self._call_columns} FROM calls WHERE rollout_id=? ORDER BY ordinal", (rollout_id,)
             ).fetchall()
         return [_call_from_row(r) for r in rows]
 
@@ -364,7 +437,7 @@ class Ledger:
         """The most recent call of this rollout made from the same request body, if any."""
         with self._lock:
             r = self._db.execute(
-                f"SELECT {_CALL_COLUMNS} FROM calls WHERE rollout_id=? AND request_key=? "
+                f"SELECT {self._call_columns} FROM calls WHERE rollout_id=? AND request_key=? "
                 "ORDER BY ordinal DESC LIMIT 1",
                 (rollout_id, request_key),
             ).fetchone()

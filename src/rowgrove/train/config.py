@@ -70,6 +70,9 @@ class TrainConfig:
     """PPO clip range: ratio is clipped to [1 - eps, 1 + eps]."""
     kl_coef: float = 0.0
     """GRPO's KL penalty to the starting (warmed) policy, k3 estimator per trained token; 0 disables."""
+    max_staleness: int | None = None
+    """None: never mask; k: rollouts whose oldest trained token is more than k weight versions
+    behind the policy are masked whole, mask_reason 'stale' (rowgrove.algo.mask_stale)."""
     temperature: float = 1.0
     """Sampling temperature of the engine during rollouts."""
     max_tokens: int = 48
@@ -115,6 +118,8 @@ class TrainConfig:
             problems.append(f"lr_decay_to={self.lr_decay_to} (must be in [0, 1])")
         if self.kl_coef < 0:
             problems.append(f"kl_coef={self.kl_coef} (must be >= 0)")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            problems.append(f"max_staleness={self.max_staleness} (must be >= 0, or None never to mask)")
         if not 0 <= self.clip_eps < 1:
             problems.append(f"clip_eps={self.clip_eps} (must be in [0, 1))")
         if problems:
@@ -149,6 +154,12 @@ def _coerce(name: str, raw: Any, current: Any, annotation: str) -> Any:
     if annotation == "int":
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise InputError(f"config field {name} is an integer, got {raw!r}")
+        return raw
+    if annotation == "int | None":
+        if raw is None:
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise InputError(f"config field {name} is an integer or null, got {raw!r}")
         return raw
     if annotation == "float":
         if isinstance(raw, str):

@@ -275,6 +275,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
             tasks = make_tasks(cfg.env, cfg.prompts_per_step, _mix(cfg.seed, step) % 2**31)
             results = run_group_rollouts(gw.url, cfg, tasks, cfg.rollouts_per_prompt, f"s{step}", _mix(cfg.seed, step, 1))
             rows, built = collect_rows(ledger, results)
+            stale_rec = {}
+            if cfg.max_staleness is not None:
+                # the version the engine holds now, before this step's update
+                rows, stale_rec = _mask_stale(rows, engine.weights_version, cfg.max_staleness)
             t1 = time.time()
             rows = assign_advantages(rows, estimator=cfg.estimator, scale_by_std=cfg.scale_by_std)
             stats = update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode,
@@ -299,7 +303,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                 "clip_fraction": stats["clip_fraction"], "approx_kl": stats["approx_kl"],
                 "entropy": stats["entropy"], "ref_kl": stats["ref_kl"], "updates": int(stats["updates"]),
                 "lr": float(scheduler.get_last_lr()[0]), "rollout_time": t1 - t0, "train_time": t2 - t1,
-                "step_time": t2 - t0,
+                "step_time": t2 - t0, **stale_rec,
             }
             append_metrics(run_dir, rec)
             last_built = [(r, b) for r, b in zip(results, built, strict=True)]
@@ -315,6 +319,18 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
         lineages = _lineages(ledger, last_built)
         ledger.close()
     return _finish(run_dir, cfg, extra, lineages, time.time() - t_start, read_metrics(run_dir))
+
+
+def _mask_stale(rows: list[Row], current: int, max_staleness: int) -> tuple[list[Row], dict[str, Any]]:
+    """`mask_stale` on the step's rows, and its metrics: stale_rollouts (rollouts masked as more
+    than `max_staleness` versions behind `current`), staleness_max (the largest staleness of a
+    rollout whose versions are known; None when none is)."""
+    from rowgrove.algo import mask_stale, staleness
+
+    ages = staleness(rows, current)
+    rec = {"stale_rollouts": sum(a > max_staleness for a in ages.values()),
+           "staleness_max": max(ages.values(), default=None)}
+    return mask_stale(rows, current, max_staleness), rec
 
 
 def _lineages(ledger: Any, built: list[Any], k: int = 3) -> list[tuple[str, str]]:
