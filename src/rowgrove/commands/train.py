@@ -2,6 +2,7 @@
 
     rowgrove train --config examples/demo.yaml --out runs/a
     rowgrove train --config examples/gpu.yaml --model /models/Qwen3-0.6B --device cuda --out runs/b
+    rowgrove train --config examples/gpu.yaml --model /models/Qwen3-0.6B --engine vllm --engine-url http://127.0.0.1:8001
     rowgrove train --resume runs/a                      # continue after the last checkpoint
     rowgrove train --resume runs/a --set steps=40       # ... and run longer
 
@@ -31,6 +32,9 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file of TrainConfig fields (see examples/)")
     p.add_argument("--model", help='"tiny-task", "tiny" or a Hugging Face model directory')
+    p.add_argument("--engine", choices=("hf", "vllm", "sglang"),
+                   help="who samples: hf (in this process, default) or a running vllm/sglang server serving --model")
+    p.add_argument("--engine-url", help="the vllm/sglang server(s), comma-separated")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     add_config_arguments(p)
 
@@ -38,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def overrides_from(args: argparse.Namespace) -> list[str]:
     """Explicit flags as key=value overrides, followed by --set ones."""
     out = []
-    for key in ("out", "seed", "steps", "device", "threads", "model"):
+    for key in ("out", "seed", "steps", "device", "threads", "model", "engine", "engine_url"):
         value = getattr(args, key, None)
         if value is not None:
             out.append(f"{key}={value}")

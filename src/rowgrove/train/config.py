@@ -18,6 +18,7 @@ from rowgrove.algo import ESTIMATORS
 from rowgrove.errors import InputError
 
 LOSS_MODES = ("token-mean", "rollout-mean")
+ENGINES = ("hf", "vllm", "sglang")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,15 @@ class TrainConfig:
     model: str = "tiny-task"
     """Model spec: "tiny-task" (tiny model built with the env's corpus), "tiny", or a HF model dir."""
     device: str = "cpu"
-    """Torch device for both the policy and the engine ("cpu", "cuda", "cuda:1")."""
+    """Torch device of the policy, and of the engine when it is hf ("cpu", "cuda", "cuda:1")."""
+    engine: str = "hf"
+    """Who samples the rollouts: hf (a copy of the policy in this process), vllm or sglang (running
+    servers at engine_url that serve the model folder; weights synced after every step)."""
+    engine_url: str | None = None
+    """The vllm/sglang server(s), comma-separated (a rollout's calls stay on one server)."""
+    off_policy_steps: int = 0
+    """0: each step trains on rollouts sampled with its own weights; 1: the next step's rollouts
+    are sampled while this step trains (one step off-policy; pair it with max_staleness)."""
     dtype: str | None = None
     """Parameter dtype for a HF model dir (e.g. "bfloat16"); None keeps the checkpoint's."""
     tiny_layers: int = 2
@@ -118,6 +127,12 @@ class TrainConfig:
             problems.append(f"lr_decay_to={self.lr_decay_to} (must be in [0, 1])")
         if self.kl_coef < 0:
             problems.append(f"kl_coef={self.kl_coef} (must be >= 0)")
+        if self.engine not in ENGINES:
+            problems.append(f"engine={self.engine!r} (use one of {', '.join(ENGINES)})")
+        elif self.engine != "hf" and not self.engine_url:
+            problems.append(f"engine={self.engine} needs engine_url, the address of the server (--engine-url)")
+        if self.off_policy_steps not in (0, 1):
+            problems.append(f"off_policy_steps={self.off_policy_steps} (must be 0 or 1)")
         if self.max_staleness is not None and self.max_staleness < 0:
             problems.append(f"max_staleness={self.max_staleness} (must be >= 0, or None never to mask)")
         if not 0 <= self.clip_eps < 1:

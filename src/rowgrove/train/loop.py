@@ -39,6 +39,7 @@ import json
 import math
 import random
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,32 @@ def prepare_model_dir(cfg: TrainConfig, log: Any = print) -> Path:
     return out
 
 
+# ---- the engine: in this process (hf) or a running vLLM / SGLang server ------------------------
+
+def _served_dir(cfg: TrainConfig) -> Path:
+    """The folder a server started with `--model cfg.model` serves."""
+    from rowgrove.model.load import model_dir
+
+    if cfg.model == "tiny-task":
+        return prepare_model_dir(cfg.replace(warmup_sft_steps=0), log=lambda *_: None)
+    return model_dir(cfg.model)
+
+
+def make_rollout_engine(cfg: TrainConfig, start_dir: Path, model: Any, tokenizer: Any, run_dir: Path) -> Any:
+    """The engine rollouts sample from. hf: a copy of the policy in this process (weights copied
+    in after each step). vllm / sglang: the servers at `engine_url`, checked to serve the model
+    folder's tokenizer; weights reach them as checkpoints under RUN_DIR/weights."""
+    if cfg.engine == "hf":
+        from rowgrove.engines.hf import HFEngine
+
+        engine_model = copy.deepcopy(model).eval()
+        engine_model.set_attn_implementation("sdpa")
+        return HFEngine(engine_model, tokenizer, max_batch=max(1, min(cfg.concurrency, 64)))
+    from rowgrove.engines import make_engine
+
+    return make_engine(cfg.engine, str(start_dir), url=cfg.engine_url, sync_dir=run_dir / "weights")
+
+
 # ---- rollouts ---------------------------------------------------------------------------------
 
 def _agent_config(cfg: TrainConfig) -> Any:
@@ -206,7 +233,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
     """Run (or, with `resume`, continue) the GRPO run `cfg` describes in `cfg.out`; see the module
     docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there."""
     from rowgrove.algo import assign_advantages
-    from rowgrove.engines.hf import HFEngine
     from rowgrove.envs import make_tasks
     from rowgrove.gateway.testing import start_gateway
     from rowgrove.ledger import Ledger
@@ -247,9 +273,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
     if cfg.kl_coef > 0:  # the starting policy, frozen (also on resume: it is the warmed model)
         ref_model, _ = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
         ref_model.eval().requires_grad_(False)
-    engine_model = copy.deepcopy(model).eval()
-    engine_model.set_attn_implementation("sdpa")
-    engine = HFEngine(engine_model, tok, max_batch=max(1, min(cfg.concurrency, 64)))
+    engine = make_rollout_engine(cfg, start_dir, model, tok, run_dir)
+    if cfg.engine != "hf":
+        engine.weights_version = int(extra.get("weights_version", 0))
+        if ckpt is not None or start_dir.resolve() != _served_dir(cfg).resolve():
+            # the servers serve the base folder; the policy starts from the warm-up or a checkpoint
+            engine.update_weights(model.state_dict())
+            log(f"weights synced to {cfg.engine} at {cfg.engine_url} (version {engine.weights_version})")
     eval_tasks = make_tasks(cfg.env, cfg.eval_prompts, _mix(cfg.seed, 999_983) % 2**31)
 
     def evaluate(tag: str) -> float | None:
@@ -270,10 +300,23 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
 
             bar = tqdm(total=cfg.steps, initial=start_step, desc="grpo", unit="step", dynamic_ncols=True)
         last_built: list[Any] = []
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rowgrove-rollouts")
+
+        def launch(step: int) -> Future | None:
+            """Start step `step`'s rollouts in the background (None past the last step)."""
+            if step > cfg.steps:
+                return None
+            tasks = make_tasks(cfg.env, cfg.prompts_per_step, _mix(cfg.seed, step) % 2**31)
+            return pool.submit(run_group_rollouts, gw.url, cfg, tasks, cfg.rollouts_per_prompt, f"s{step}",
+                               _mix(cfg.seed, step, 1))
+
+        pending = launch(start_step + 1)
         for step in range(start_step + 1, cfg.steps + 1):
             t0 = time.time()
-            tasks = make_tasks(cfg.env, cfg.prompts_per_step, _mix(cfg.seed, step) % 2**31)
-            results = run_group_rollouts(gw.url, cfg, tasks, cfg.rollouts_per_prompt, f"s{step}", _mix(cfg.seed, step, 1))
+            results = pending.result()
+            # off-policy: the next step's rollouts are sampled while this step trains, and the
+            # weight sync below lands while they run (their tokens carry the versions they got)
+            pending = launch(step + 1) if cfg.off_policy_steps else None
             rows, built = collect_rows(ledger, results)
             stale_rec = {}
             if cfg.max_staleness is not None:
@@ -289,6 +332,9 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                                   ref_model=ref_model, kl_coef=cfg.kl_coef)
             model.eval()
             engine.update_weights(model.state_dict())
+            extra["weights_version"] = int(engine.weights_version)
+            if pending is None:
+                pending = launch(step + 1)
             t2 = time.time()
             rewards = np.asarray([r.reward for r in results], np.float64)
             rec = {
@@ -303,7 +349,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                 "clip_fraction": stats["clip_fraction"], "approx_kl": stats["approx_kl"],
                 "entropy": stats["entropy"], "ref_kl": stats["ref_kl"], "updates": int(stats["updates"]),
                 "lr": float(scheduler.get_last_lr()[0]), "rollout_time": t1 - t0, "train_time": t2 - t1,
-                "step_time": t2 - t0, **stale_rec,
+                "step_time": t2 - t0, "weights_version": int(engine.weights_version), **stale_rec,
             }
             append_metrics(run_dir, rec)
             last_built = [(r, b) for r, b in zip(results, built, strict=True)]
@@ -313,6 +359,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
             if bar is not None:
                 bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", rows=f"{rec['rows_per_rollout']:.2f}")
                 bar.update(1)
+        pool.shutdown(wait=True)
         if bar is not None:
             bar.close()
         extra["eval_after"] = evaluate("eval-after")
