@@ -22,6 +22,7 @@ __all__ = ["Engine", "Generation", "SamplingParams", "make_engine"]
 
 
 REMOTE_OPTIONS = {"url", "timeout", "api_key", "sync_dir", "served_model", "check", "stream"}
+SERVER_OPTIONS = {"vllm": {"pause_mode"}, "sglang": {"incremental"}}
 
 
 def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -> Engine:
@@ -33,8 +34,10 @@ def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -
     comma-separated list or a list; a rollout's calls stay on one server), `timeout` (seconds per
     request), `api_key`, `sync_dir` (a folder the servers can read, for `update_weights` with a
     state dict), `served_model` (the model name the server was started with), `stream` (read the
-    server's answer as a stream, default True), and `check` (default
-    True: refuse a server that does not serve this model folder's tokenizer)."""
+    server's answer as a stream, default True), `check` (default True: refuse a server that does
+    not serve this model folder's tokenizer), and per server: `pause_mode` (vllm: "keep" | "wait"
+    | "abort", how a weight update pauses generation) and `incremental` (sglang: the server's
+    streaming form, None = read it from /server_info)."""
     if kind in ("vllm", "sglang"):
         return _remote_engine(kind, model_spec, device=device, **kw)
     from rowgrove.model.load import load_model
@@ -56,9 +59,10 @@ def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -
 
 
 def _remote_engine(kind: str, model_spec: str, *, device: str, **kw: Any) -> Engine:
-    unknown = sorted(set(kw) - REMOTE_OPTIONS)
+    allowed = REMOTE_OPTIONS | SERVER_OPTIONS[kind]
+    unknown = sorted(set(kw) - allowed)
     if unknown:
-        raise InputError(f"{kind} engine does not take {', '.join(unknown)}: it takes {', '.join(sorted(REMOTE_OPTIONS))}")
+        raise InputError(f"{kind} engine does not take {', '.join(unknown)}: it takes {', '.join(sorted(allowed))}")
     if kw.get("url") is None:
         raise InputError(f"the {kind} engine needs url=, the address of the server (--engine-url)")
     check = kw.pop("check", True)

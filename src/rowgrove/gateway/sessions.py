@@ -296,7 +296,8 @@ class Gateway:
                 "retry, or raise --engine-timeout", timeout=True) from None
         except Exception as e:
             self.ledger.end_call(call.id, "failed", f"{type(e).__name__}: {e}")
-            if isinstance(e, EngineError | Overloaded):  # engine faults and engine overload keep their status
+            # engine faults, engine overload and a server's refusal of the request keep their status
+            if isinstance(e, EngineError | Overloaded | BadRequest):
                 raise
             raise EngineError(f"the engine failed on call {call.id}: {type(e).__name__}: {e}") from e
         versions, problem = call_weight_versions(gen, version_before)
