@@ -6,9 +6,13 @@ from token ids.
 
 - The model folder (`model`) is the Hugging Face folder the server serves: tokenizer, chat
   template and generation config are read from it, so both sides agree on every id. `check()`
-  (run by `make_engine`) proves it per server before the gateway starts.
-- A rollout's calls go to one server (chosen least-loaded at its first call), so the server's
-  prefix cache holds the conversation; calls without a rollout go to the least-loaded server.
+  (run by `make_engine`) proves it per server before the gateway starts: the served model name,
+  the ids of a probe text (`PROBE_TEXT`, `compare_ids`) and, where the server renders chat, the
+  ids of a probe conversation through its chat template (`PROBE_MESSAGES`, `compare_chat_ids`),
+  which tells apart folders that share a tokenizer but not a template.
+- A rollout's calls go to one server (chosen least-loaded at its first call, ties taken in turn
+  so that rollouts spread even when calls come one at a time), so the server's prefix cache holds
+  the conversation; calls without a rollout go to the least-loaded server.
 - Failures become the gateway's errors: cannot connect, a broken connection or a 5xx →
   EngineError (502); a timeout → EngineError(timeout) (504); 429 or 503 → Unavailable (503 with
   the server's Retry-After); a 4xx the server gives for the request → BadRequest (400). A reply
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,6 +45,14 @@ _AFFINITY_SIZE = 200_000
 # The probe text of the tokenizer check: ASCII, CJK, an emoji, digits and whitespace runs, so a
 # different vocabulary, normalizer or pre-tokenizer shows as different ids.
 PROBE_TEXT = "Hello, world! 1234567 ½ 中文字符 🙂\n\n\tcode(x) -> y  end"
+# The probe conversation of the chat-template check: user, assistant, user and the generation
+# prompt, without a system message, so the template's markers, turn ends, history rendering and
+# any default system prompt all show.
+PROBE_MESSAGES = (
+    {"role": "user", "content": "What is 2 + 2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "And 3 + 3?"},
+)
 
 
 def parse_urls(urls: str | Sequence[str]) -> list[str]:
@@ -101,19 +114,23 @@ class RemoteEngine:
         self.weights_version = 0
         self.in_flight = [0] * len(self.urls)
         self._affinity: OrderedDict[str, int] = OrderedDict()
-        self._clients: dict[int, httpx.AsyncClient] = {}
+        self._next = 0  # where the next tie among least-loaded servers is broken
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         self._closed = False
 
     # ---- choosing a server ----------------------------------------------------------------
 
     def server_for(self, rollout_id: str | None) -> int:
-        """The index of the server a call of `rollout_id` goes to (sticky per rollout)."""
+        """The index of the server a call of `rollout_id` goes to (sticky per rollout): a new
+        rollout gets the least-loaded server, ties broken in turn."""
         if rollout_id is not None:
             hit = self._affinity.get(rollout_id)
             if hit is not None:
                 self._affinity.move_to_end(rollout_id)
                 return hit
-        best = min(range(len(self.urls)), key=lambda i: (self.in_flight[i], i))
+        n = len(self.urls)
+        best = min(range(n), key=lambda i: (self.in_flight[i], (i - self._next) % n))
+        self._next = (best + 1) % n
         if rollout_id is not None:
             self._affinity[rollout_id] = best
             if len(self._affinity) > _AFFINITY_SIZE:
@@ -121,13 +138,17 @@ class RemoteEngine:
         return best
 
     def _client(self) -> httpx.AsyncClient:
-        # one client per event loop: an httpx.AsyncClient is bound to the loop it first ran on
+        # one client per event loop: an httpx.AsyncClient is bound to the loop it first ran on.
+        # Keyed by the loop itself (not id(loop), which a later loop may reuse); clients of
+        # closed loops are dropped (their connections died with the loop).
         loop = asyncio.get_running_loop()
-        client = self._clients.get(id(loop))
+        client = self._clients.get(loop)
         if client is None or client.is_closed:
+            for old in [lp for lp in self._clients if lp.is_closed()]:
+                del self._clients[old]
             client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers,
                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-            self._clients[id(loop)] = client
+            self._clients[loop] = client
         return client
 
     # ---- generation -----------------------------------------------------------------------
@@ -142,7 +163,7 @@ class RemoteEngine:
         hints = hints or {}
         i = self.server_for(hints.get("rollout_id"))
         url = self.urls[i]
-        rid = str(hints.get("call_id") or f"rowgrove-{id(prompt):x}")
+        rid = str(hints.get("call_id") or f"rowgrove-{uuid.uuid4().hex}")
         version = self.weights_version
         self.in_flight[i] += 1
         try:
@@ -210,16 +231,48 @@ class RemoteEngine:
         """The local tokenization of the probe text (no special tokens added)."""
         return list(self.tokenizer.encode(PROBE_TEXT, add_special_tokens=False))
 
-    def compare_ids(self, theirs: Any, what: str = "the probe text") -> list[str]:
-        """[] when the server's ids for `what` equal the local ones, else one problem line."""
-        ours = self.probe_ids()
-        if not isinstance(theirs, list) or theirs != ours:
-            first = next((k for k, (a, b) in enumerate(zip(ours, theirs if isinstance(theirs, list) else [], strict=False))
-                          if a != b), min(len(ours), len(theirs) if isinstance(theirs, list) else 0))
-            return [f"it tokenizes {what} differently (local {len(ours)} ids, server "
-                    f"{len(theirs) if isinstance(theirs, list) else theirs!r}; first difference at id {first}): "
-                    f"serve the same tokenizer as {self.model_path}"]
-        return []
+    def compare_ids(self, theirs: Any, what: str = "the probe text", ours: list[int] | None = None,
+                    fix: str | None = None) -> list[str]:
+        """[] when the server's ids for `what` equal `ours` (default: the local ids of the probe
+        text), else one problem line naming the first difference and what each side has there."""
+        ours = self.probe_ids() if ours is None else ours
+        if isinstance(theirs, list) and theirs == ours:
+            return []
+        fix = fix or f"serve the same tokenizer as {self.model_path}"
+        if not isinstance(theirs, list):
+            return [f"it answered {theirs!r} where the ids of {what} belong: {fix}"]
+        first = next((k for k, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+                     min(len(ours), len(theirs)))
+        return [f"it tokenizes {what} differently (local {len(ours)} ids, server {len(theirs)}; first "
+                f"difference at position {first}: local {self._show(ours[first:first + 4])}, server "
+                f"{self._show(theirs[first:first + 4])}): {fix}"]
+
+    def _show(self, ids: list[Any]) -> str:
+        if not ids:
+            return "(end)"
+        try:
+            text = self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+        except (ValueError, TypeError, OverflowError):
+            return repr(ids)
+        return f"{ids} {text!r}"
+
+    def probe_chat_ids(self) -> list[int] | None:
+        """The local chat template's ids for `PROBE_MESSAGES` with the generation prompt (None
+        when the folder has no chat template)."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return None
+        text = self.tokenizer.apply_chat_template(list(PROBE_MESSAGES), tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def compare_chat_ids(self, theirs: Any) -> list[str]:
+        """[] when the server's chat template gives the local ids for `PROBE_MESSAGES`, else one
+        problem line (a server that serves another folder over the same tokenizer shows here)."""
+        ours = self.probe_chat_ids()
+        if ours is None:
+            return []
+        return self.compare_ids(theirs, "the probe conversation through its chat template", ours,
+                                fix=f"it serves another model folder than {self.model_path} (or was started "
+                                    "with another --chat-template): serve that folder")
 
     # ---- weights --------------------------------------------------------------------------
 
@@ -247,12 +300,18 @@ class RemoteEngine:
             prune_checkpoints(self.sync_dir, keep=2)
 
     async def aclose(self) -> None:
+        """Refuse further calls and close the HTTP clients: this loop's here, another running
+        loop's on that loop; those of closed loops died with them."""
         self._closed = True
-        clients, self._clients = list(self._clients.values()), {}
-        for c in clients:
+        clients, self._clients = dict(self._clients), {}
+        here = asyncio.get_running_loop()
+        for loop, c in clients.items():
             try:
-                await c.aclose()
-            except RuntimeError:  # its loop is gone: nothing left to close
+                if loop is here:
+                    await c.aclose()
+                elif not loop.is_closed():
+                    asyncio.run_coroutine_threadsafe(c.aclose(), loop)
+            except RuntimeError:  # its loop is closing: nothing left to close
                 pass
 
     # ---- the wire format (subclasses) -----------------------------------------------------

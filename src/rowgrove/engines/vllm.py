@@ -33,7 +33,7 @@ import httpx
 import orjson
 
 from rowgrove.engines.base import Generation, SamplingParams
-from rowgrove.engines.remote import RemoteEngine
+from rowgrove.engines.remote import PROBE_MESSAGES, RemoteEngine, server_message
 from rowgrove.errors import EngineError
 
 
@@ -110,21 +110,34 @@ class VLLMEngine(RemoteEngine):
         return None
 
     def _probe(self, http: httpx.Client, url: str) -> list[str]:
+        """GET /v1/models (the served name), POST /tokenize of the probe text (the tokenizer) and
+        of the probe conversation in the chat form (the chat template)."""
         problems: list[str] = []
-        r = http.get(f"{url}/v1/models", headers=self.headers)
+        r = http.get(f"{url}/v1/models")
         if r.status_code >= 400:
             return [f"GET /v1/models answered {r.status_code}: is it a vLLM server?"]
         cards = r.json().get("data") or []
         ids = [c.get("id") for c in cards]
         if self.served_model not in ids:
-            problems.append(f"it serves {ids}, not {self.served_model!r}: pass --served-model-name as the "
-                            "server was started, or start it with --served-model-name")
+            problems.append(f"it serves the model name(s) {ids}, not {self.served_model!r}: give the engine the "
+                            "name the server was started with (--served-model-name)")
+            return problems  # /tokenize would answer 404 for the wrong name
         r = http.post(f"{url}/tokenize", json={"model": self.served_model, "prompt": _probe_text(),
                                                 "add_special_tokens": False})
         if r.status_code >= 400:
             return problems + [f"POST /tokenize answered {r.status_code}: the tokenizer cannot be checked "
                                "(is the server started with --skip-tokenizer-init?)"]
         problems += self.compare_ids(r.json().get("tokens"))
+        ours = self.probe_chat_ids()
+        if ours is not None:
+            r = http.post(f"{url}/tokenize", json={"model": self.served_model, "messages": list(PROBE_MESSAGES),
+                                                    "add_generation_prompt": True, "add_special_tokens": False})
+            if r.status_code >= 400:
+                problems.append(f"POST /tokenize with messages answered {r.status_code} "
+                                f"({server_message(r)}): its chat template cannot be checked against "
+                                f"{self.model_path}'s; serve that folder")
+            else:
+                problems += self.compare_chat_ids(r.json().get("tokens"))
         return problems
 
     def _reload(self, http: httpx.Client, url: str, folder: Path, version: int) -> None:

@@ -12,17 +12,29 @@ Faults are what a client of a real server meets: `POST /_standin/fault {"mode": 
     "cut"           a stream (or body) cut in the middle: the connection closes without the end
     "abort"         the request ends with finish reason abort (as after a server-side abort)
 
-`GET /_standin/log` returns {"requests": [...bodies...], "aborted": [rids], "disconnected": [rids],
-"weight_loads": [...], "weights_version": int}.
+`GET /_standin/log` returns `StandinState.log()`: {"requests": [...bodies as received...],
+"generations": [one entry per generate request: request_id, route, prompt, fault, token_ids,
+logprobs, top_logprobs, weight_versions (per token, the sampling engine's counter),
+finish_reason, status ("running" | "finished" | "refused" | "disconnected" | "aborted" |
+"failed")], "aborted": [rids], "disconnected": [rids], "weight_loads": [...], "events": [dev-route
+calls in order: {"route", ...}], "paused": bool, "weights_version": int}. `control_routes(state,
+engine)` mounts this route and the fault route; `StandinState.segment_delay` (also settable by the
+fault route) sleeps between sampled pieces, so a test can act in the middle of a request.
+
+`WatchedResponse` runs a response's producer next to a listener for the client's disconnect and
+cancels the producer when the client leaves (as vLLM's `with_cancellation` and SGLang's
+disconnect checks do), for streamed and whole-body answers alike. `StandinCut` raised after the
+first bytes drops the connection (the "cut" fault); its traceback is kept out of the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +43,7 @@ import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from rowgrove.errors import RowgroveError
 
@@ -49,6 +62,13 @@ class StandinState:
     disconnected: list[str] = field(default_factory=list)
     weight_loads: list[dict[str, Any]] = field(default_factory=list)
     running: dict[str, asyncio.Task] = field(default_factory=dict)
+    generations: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    paused: bool = False
+    pause_mode: str | None = None
+    abort_requested: set[str] = field(default_factory=set)
+    segment_delay: float = 0.0
+    weight_version: str = "default"    # the server's weight-version label (vLLM /weight_info)
 
     def take_fault(self) -> str | None:
         """The fault the next request suffers (consuming one of its count)."""
@@ -67,6 +87,66 @@ class StandinState:
         self.fault_mode, self.fault_count = mode, (count if mode is not None else 0)
         if delay is not None:
             self.delay = float(delay)
+
+    def begin_generation(self, request_id: str, route: str, prompt: list[int], fault: str | None) -> dict[str, Any]:
+        """A new entry of `generations` (status "running"), updated in place as tokens come."""
+        entry: dict[str, Any] = {
+            "request_id": request_id, "route": route, "prompt": list(prompt), "fault": fault,
+            "token_ids": [], "logprobs": [], "top_logprobs": [], "weight_versions": [],
+            "finish_reason": None, "status": "running", "started": time.time(),
+        }
+        self.generations.append(entry)
+        return entry
+
+    def generation(self, request_id: str) -> dict[str, Any] | None:
+        """The latest `generations` entry of `request_id`, if any."""
+        for entry in reversed(self.generations):
+            if entry["request_id"] == request_id:
+                return entry
+        return None
+
+    def event(self, route: str, **details: Any) -> None:
+        """Log a dev-route call (pause, resume, a weight load, ...) in `events`."""
+        self.events.append({"route": route, "time": time.time(), **details})
+
+    def log(self, engine: Any = None) -> dict[str, Any]:
+        """What `GET /_standin/log` answers (see the module docstring)."""
+        return {
+            "requests": list(self.requests),
+            "generations": [dict(g) for g in self.generations],
+            "aborted": list(self.aborted),
+            "disconnected": list(self.disconnected),
+            "weight_loads": list(self.weight_loads),
+            "events": list(self.events),
+            "paused": self.paused,
+            "weights_version": int(getattr(engine, "weights_version", 0)),
+        }
+
+
+def control_routes(state: StandinState, engine: Any) -> list[Route]:
+    """`GET /_standin/log` and `POST /_standin/fault {"mode", "count"=1, "delay", "segment_delay"}`
+    (mode null clears the fault): the test-control routes both stand-ins mount."""
+
+    async def log(request: Request) -> Response:
+        return json_response(state.log(engine))
+
+    async def fault(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body() or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            if "mode" in body:
+                state.set_fault(body["mode"], int(body.get("count", 1)), body.get("delay"))
+            elif body.get("delay") is not None:
+                state.delay = float(body["delay"])
+            if body.get("segment_delay") is not None:
+                state.segment_delay = float(body["segment_delay"])
+        except (ValueError, TypeError, orjson.JSONDecodeError) as e:
+            return json_response({"detail": str(e)}, 400)
+        return json_response({"mode": state.fault_mode, "count": state.fault_count, "delay": state.delay,
+                              "segment_delay": state.segment_delay})
+
+    return [Route("/_standin/log", log, methods=["GET"]), Route("/_standin/fault", fault, methods=["POST"])]
 
 
 @dataclass
@@ -126,6 +206,84 @@ async def sample_segments(engine: Any, prompt: list[int], sampling: Any, *, segm
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
+
+
+class StandinCut(Exception):
+    """Raised by a producer after it sent part of an answer: the server drops the connection."""
+
+
+def _is_cut(exc: BaseException | None, depth: int = 0) -> bool:
+    if exc is None or depth > 8:
+        return False
+    if isinstance(exc, StandinCut):
+        return True
+    if isinstance(exc, BaseExceptionGroup) and any(_is_cut(e, depth + 1) for e in exc.exceptions):
+        return True
+    return _is_cut(exc.__cause__ or exc.__context__, depth + 1)
+
+
+class _QuietCut(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" record for an intended cut."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _is_cut(record.exc_info[1] if record.exc_info else None)
+
+
+logging.getLogger("uvicorn.error").addFilter(_QuietCut())
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class WatchedResponse:
+    """An ASGI response whose `produce(send)` runs next to a listener for the client's
+    disconnect: when the client leaves first, the producer is cancelled and `on_disconnect()`
+    called. `produce` sends the whole answer itself (http.response.start, then the body); it may
+    call `mark_done()` just before its last send so that the server closing the finished
+    exchange is not taken for a disconnect."""
+
+    def __init__(self, produce: Callable[[Send, WatchedResponse], Awaitable[None]],
+                 on_disconnect: Callable[[], None], on_end: Callable[[], None] | None = None):
+        self.produce = produce
+        self.on_disconnect = on_disconnect
+        self.on_end = on_end
+        self.done = False
+        self.task: asyncio.Task | None = None
+
+    def mark_done(self) -> None:
+        self.done = True
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def listen() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+
+        producer = asyncio.ensure_future(self.produce(send, self))
+        self.task = producer
+        listener = asyncio.ensure_future(listen())
+        try:
+            await asyncio.wait({producer, listener}, return_when=asyncio.FIRST_COMPLETED)
+            if listener.done() and not self.done:  # the client left before the answer was out
+                producer.cancel()
+                try:
+                    await producer
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the client is gone
+                    pass
+                self.on_disconnect()
+                return
+            try:
+                await producer  # finished (or finishing its last send): its outcome, errors included
+            except OSError:  # a send to a client that just left (uvicorn's ClientDisconnected)
+                if self.done:
+                    return
+                self.on_disconnect()
+        finally:
+            listener.cancel()
+            if not producer.done():
+                producer.cancel()
+            if self.on_end is not None:
+                self.on_end()
 
 
 async def wait_or_disconnect(request: Request, seconds: float | None) -> bool:

@@ -1,0 +1,300 @@
+"""What the server engines share (`rowgrove.engines.remote`): URLs, the server a call goes to
+(rollout affinity, least-loaded, ties in turn), error mapping, reply checks, checkpoints and weight
+loads on every server, one HTTP client per event loop. Server behaviour runs against two vLLM
+stand-ins (one sampling engine between them) over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+
+import httpx
+import pytest
+import torch
+from openai import OpenAI
+
+from rowgrove.engines import make_engine
+from rowgrove.engines import remote
+from rowgrove.engines.base import Generation, SamplingParams
+from rowgrove.engines.remote import (
+    PROBE_TEXT,
+    check_generation,
+    model_vocab_size,
+    parse_urls,
+    prune_checkpoints,
+    retry_after,
+    server_message,
+    write_checkpoint,
+)
+from rowgrove.engines.vllm import VLLMEngine
+from rowgrove.errors import BadRequest, EngineError, InputError, Unavailable
+from rowgrove.gateway.testing import start_gateway
+from rowgrove.model.load import load_tokenizer, model_dir
+from rowgrove.standins import launch_standin, start_standin
+from standin_fixtures import USER, as_list, entry
+
+TOK = load_tokenizer("tiny")
+PROMPT = list(TOK.encode(TOK.apply_chat_template(USER, tokenize=False, add_generation_prompt=True),
+                         add_special_tokens=False))
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with start_standin("vllm", "tiny") as a:
+        b = launch_standin("vllm", "tiny", engine=a.engine)
+        try:
+            yield a, b
+        finally:
+            b.close()
+
+
+@pytest.fixture(autouse=True)
+def _reset(servers):
+    for s in servers:
+        s.fault(None)
+        s.state.segment_delay = 0.0
+
+
+def _offline(urls="http://127.0.0.1:1") -> VLLMEngine:
+    """An engine that is never checked (no server needed)."""
+    return VLLMEngine("tiny", urls)
+
+
+# ---- URLs and server choice ---------------------------------------------------------------------
+
+
+def test_parse_urls():
+    assert parse_urls("http://a:1/, http://b:2") == ["http://a:1", "http://b:2"]
+    assert parse_urls(["http://a:1,http://b:2", "https://c", "http://a:1"]) == ["http://a:1", "http://b:2", "https://c"]
+    with pytest.raises(InputError, match="not an http"):
+        parse_urls("a:1")
+    with pytest.raises(InputError, match="no engine URL"):
+        parse_urls(" , ")
+
+
+def test_a_rollout_sticks_to_its_server_and_new_ones_take_the_least_loaded():
+    e = _offline("http://a:1,http://b:2,http://c:3")
+    # idle servers: rollouts spread in turn, even one call at a time
+    assert [e.server_for(r) for r in ("r1", "r2", "r3", "r4")] == [0, 1, 2, 0]
+    assert [e.server_for(r) for r in ("r3", "r1", "r2", "r3")] == [2, 0, 1, 2]
+    e.in_flight = [5, 0, 3]
+    assert e.server_for("r5") == 1 and e.server_for("r1") == 0  # new: least loaded; old: sticky
+    e.in_flight = [0, 4, 0]
+    assert e.server_for(None) in (0, 2) and e.server_for("r6") in (0, 2)
+    assert e.server_for("r5") == 1
+
+
+def test_affinity_forgets_the_least_recently_used(monkeypatch):
+    monkeypatch.setattr(remote, "_AFFINITY_SIZE", 2)
+    e = _offline("http://a:1,http://b:2")
+    assert (e.server_for("r1"), e.server_for("r2")) == (0, 1)
+    e.server_for("r1")           # r1 used again: r2 is now the oldest
+    e.server_for("r3")
+    assert list(e._affinity) == ["r1", "r3"]
+
+
+def test_calls_of_a_rollout_stay_on_one_server_and_rollouts_spread(servers, tmp_path):
+    a, b = servers
+    engine = make_engine("vllm", "tiny", url=[a.url, b.url])
+    with start_gateway("tiny", engine=engine, ledger=tmp_path / "l.db") as gw:
+        placed = {}
+        for name in ("A", "B", "C", "D"):
+            ro = gw.create_rollout(f"g-{name}")
+            client = OpenAI(base_url=ro["base_url"], api_key=ro["api_key"], max_retries=0)
+            for turn in range(3):
+                client.chat.completions.create(model="tiny", messages=USER + [{"role": "user", "content": str(turn)}],
+                                               max_tokens=3)
+            calls = gw.ledger.calls(ro["rollout_id"])
+            where = {("a" if entry(a, c.id) else "") + ("b" if entry(b, c.id) else "") for c in calls}
+            assert len(calls) == 3 and len(where) == 1 and where <= {"a", "b"}, where  # one server, each call once
+            placed[name] = where.pop()
+            for c in calls:  # and the ledger holds what that server sampled
+                assert as_list(c.sampled_ids) == entry(a if placed[name] == "a" else b, c.id)["token_ids"]
+    assert placed == {"A": "a", "B": "b", "C": "a", "D": "b"}
+    assert engine.in_flight == [0, 0]
+
+
+# ---- replies and errors -------------------------------------------------------------------------
+
+
+def _gen(**kw) -> Generation:
+    base = {"token_ids": [5, 6], "logprobs": [-1.0, -0.5], "finish_reason": "stop", "weight_versions": None}
+    return Generation(**{**base, **kw})
+
+
+@pytest.mark.parametrize("gen,words", [
+    (_gen(token_ids=[5, 1030]), "outside the vocabulary"),
+    (_gen(token_ids=[5, -1]), "outside the vocabulary"),
+    (_gen(token_ids=[5, True]), "outside the vocabulary"),
+    (_gen(logprobs=[-1.0]), "2 token ids but 1 logprobs"),
+    (_gen(logprobs=[-1.0, 0.5]), "not a number <= 0"),
+    (_gen(logprobs=[-1.0, math.nan]), "not a number <= 0"),
+    (_gen(weight_versions=[0]), "2 token ids but 1 weight versions"),
+    (_gen(finish_reason="abort"), "finish reason 'abort'"),
+    (_gen(finish_reason="error"), "finish reason 'error'"),
+])
+def test_check_generation_refuses_a_broken_reply(gen, words):
+    with pytest.raises(EngineError, match=words):
+        check_generation(gen, 1030, "the server")
+
+
+def test_check_generation_accepts_a_good_reply():
+    check_generation(_gen(weight_versions=[0, 1], logprobs=[-1.0, 0.0]), 1030, "the server")
+    check_generation(_gen(token_ids=[], logprobs=[], finish_reason="length"), 1030, "the server")
+
+
+def _response(status: int, body=None, headers=None, text=None) -> httpx.Response:
+    req = httpx.Request("POST", "http://x/v1/completions")
+    if body is not None:
+        return httpx.Response(status, json=body, headers=headers, request=req)
+    return httpx.Response(status, text=text or "", headers=headers, request=req)
+
+
+@pytest.mark.parametrize("status,kind,words", [
+    (429, Unavailable, "overloaded"), (503, Unavailable, "overloaded"),
+    (500, EngineError, "answered 500"), (502, EngineError, "answered 502"),
+    (401, EngineError, "API key"), (403, EngineError, "API key"),
+    (404, EngineError, "is this a vllm server"), (400, BadRequest, "answered 400"), (422, BadRequest, "answered 422"),
+])
+def test_statuses_map_to_rowgrove_errors(status, kind, words):
+    e = _offline()
+    with pytest.raises(kind, match=words) as info:
+        e.raise_for_status("http://x", _response(status, {"error": {"message": "boom"}}, {"retry-after": "7"}), "r1")
+    assert type(info.value) is kind and "boom" in str(info.value) and "r1" in str(info.value)
+    if kind is Unavailable:
+        assert info.value.retry_after == 7.0
+    e.raise_for_status("http://x", _response(200, {}), "r1")  # < 400: nothing
+
+
+def test_server_message_and_retry_after():
+    assert server_message(_response(400, {"error": {"message": "m1"}})) == "m1"
+    assert server_message(_response(400, {"object": "error", "message": "m2"})) == "m2"  # older vLLM, flat
+    assert server_message(_response(400, {"detail": "m3"})) == "m3"                     # FastAPI
+    assert server_message(_response(500, {"error": "m4"})) == "m4"                      # vLLM dev routes
+    assert server_message(_response(500, text="x" * 400)) == "x" * 300
+    assert retry_after(_response(503, {}, {"retry-after": "3"})) == 3.0
+    assert retry_after(_response(503, {}, {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 1.0
+    assert retry_after(_response(503, {})) == 1.0
+
+
+def test_a_bad_prompt_is_refused_before_any_request(servers):
+    a, _ = servers
+    engine = make_engine("vllm", "tiny", url=a.url)
+    before = len(a.state.requests)
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        asyncio.run(engine.generate([1, 5000], SamplingParams(max_tokens=2)))
+    with pytest.raises(InputError, match="empty"):
+        asyncio.run(engine.generate([], SamplingParams(max_tokens=2)))
+    assert len(a.state.requests) == before
+
+
+def test_requests_without_a_call_id_get_distinct_ids(servers):
+    a, _ = servers
+    engine = make_engine("vllm", "tiny", url=a.url)
+
+    async def main():
+        return await asyncio.gather(*(engine.generate(PROMPT, SamplingParams(max_tokens=2)) for _ in range(4)))
+
+    gens = asyncio.run(main())
+    rids = [g["request_id"] for g in a.state.generations[-4:]]
+    assert len(set(rids)) == 4 and all(r.startswith("rowgrove-") for r in rids)
+    assert sorted(g.token_ids for g in gens) == sorted(g["token_ids"] for g in a.state.generations[-4:])
+
+
+def test_one_engine_serves_many_event_loops(servers):
+    a, _ = servers
+    engine = make_engine("vllm", "tiny", url=a.url)
+    sampling = SamplingParams(max_tokens=3, seed=1)
+    first = asyncio.run(engine.generate(PROMPT, sampling))
+    second = asyncio.run(engine.generate(PROMPT, sampling))  # a new loop: a new client, not the dead one
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(asyncio.run(engine.generate(PROMPT, sampling))))
+    t.start()
+    t.join(30)
+    assert first.token_ids == second.token_ids == out[0].token_ids
+    assert sum(not loop.is_closed() for loop in engine._clients) == 0  # every loop is gone now
+    asyncio.run(engine.aclose())
+    with pytest.raises(EngineError, match="closed"):
+        asyncio.run(engine.generate(PROMPT, sampling))
+
+
+# ---- the start-up check -------------------------------------------------------------------------
+
+
+def test_compare_ids_names_the_first_difference():
+    e = _offline()
+    ours = e.probe_ids()
+    assert ours == TOK.encode(PROBE_TEXT, add_special_tokens=False) and e.compare_ids(ours) == []
+    (problem,) = e.compare_ids(ours[:3] + [7] + ours[4:])
+    assert "first difference at position 3" in problem and f"server [7, {ours[4]}" in problem
+    (problem,) = e.compare_ids(ours[:-1])
+    assert f"local {len(ours)} ids, server {len(ours) - 1}" in problem and "(end)" in problem
+    (problem,) = e.compare_ids(None)
+    assert "answered None" in problem
+    assert e.compare_chat_ids(e.probe_chat_ids()) == []
+    (problem,) = e.compare_chat_ids(e.probe_chat_ids()[1:])
+    assert "chat template" in problem and "another model folder" in problem
+
+
+def test_model_vocab_size_takes_the_config_when_larger(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 1536}))
+    assert model_vocab_size(tmp_path, TOK) == 1536
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 2048}}))
+    assert model_vocab_size(tmp_path, TOK) == 2048
+    (tmp_path / "config.json").write_text("{broken")
+    assert model_vocab_size(tmp_path, TOK) == len(TOK)
+
+
+# ---- weights ------------------------------------------------------------------------------------
+
+
+def test_write_checkpoint_and_prune(tmp_path):
+    emb = torch.randn(4, 3)
+    sd = {"model.embed_tokens.weight": emb, "lm_head.weight": emb, "note": "not a tensor"}  # tied
+    folder = write_checkpoint(sd, tmp_path / "v000001", model_dir("tiny"))
+    from safetensors.torch import load_file
+
+    back = load_file(str(folder / "model.safetensors"))
+    assert set(back) == {"model.embed_tokens.weight", "lm_head.weight"} and torch.equal(back["lm_head.weight"], emb)
+    assert (folder / "config.json").read_text() == (model_dir("tiny") / "config.json").read_text()
+    for v in (2, 3):
+        write_checkpoint(sd, tmp_path / f"v{v:06d}", model_dir("tiny"))
+    (tmp_path / "v000009.tmp").mkdir()
+    (tmp_path / "other").mkdir()
+    prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "v000002", "v000003", "v000009.tmp"]
+
+
+def test_update_weights_needs_sync_dir_for_a_state_dict(servers):
+    engine = make_engine("vllm", "tiny", url=servers[0].url)
+    with pytest.raises(InputError, match="needs sync_dir"):
+        engine.update_weights({"model.norm.weight": torch.ones(64)})
+    assert engine.weights_version == 0
+
+
+def test_update_weights_loads_on_every_server(servers, tmp_path):
+    a, b = servers
+    engine = make_engine("vllm", "tiny", url=[a.url, b.url], sync_dir=tmp_path)
+    sd = {k: v.detach().clone() for k, v in a.engine.model.state_dict().items()}
+    loads = len(a.state.weight_loads), len(b.state.weight_loads)
+    engine.update_weights({"model.norm.weight": sd["model.norm.weight"]})  # a subset is a checkpoint too
+    assert engine.weights_version == 1
+    for s, n in zip((a, b), loads, strict=True):
+        (load,) = s.state.weight_loads[n:]
+        assert load["path"] == str(tmp_path / "v000001") and load["tensors"] == 1
+        assert not s.state.paused and [e["route"] for e in s.state.events[-5:]][0] == "/pause"
+    assert (tmp_path / "v000001" / "model.safetensors").is_file()
+
+
+def test_a_failed_load_keeps_the_version_and_resumes(servers, tmp_path):
+    a, _ = servers
+    engine = make_engine("vllm", "tiny", url=a.url)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EngineError, match=r"POST /collective_rpc answered 500: .*no \*\.safetensors"):
+        engine.update_weights(tmp_path / "empty")
+    assert engine.weights_version == 0
+    assert not a.state.paused and a.state.events[-1]["route"] == "/resume"  # never left paused
+    with pytest.raises(EngineError, match="cannot|failed"):
+        make_engine("vllm", "tiny", url="http://127.0.0.1:1", check=False).update_weights(tmp_path / "empty")
