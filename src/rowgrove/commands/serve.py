@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-api-key", default=os.environ.get("ROWGROVE_ENGINE_API_KEY"),
                    help="API key the vllm/sglang server wants (default: $ROWGROVE_ENGINE_API_KEY)")
     p.add_argument("--served-model-name", default=None,
-                   help="the model name the vllm server was started with (default: --model)")
+                   help="the model name the vllm server was started with (default: the one model it serves)")
     p.add_argument("--ledger", required=True, help="SQLite ledger file (created if missing)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")

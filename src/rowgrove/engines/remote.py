@@ -107,6 +107,8 @@ class RemoteEngine:
         self.stop_ids = tuple(stop_token_ids(self.tokenizer, self.model_path))
         self.vocab_size = model_vocab_size(self.model_path, self.tokenizer)
         self.urls = parse_urls(urls)
+        # None: the name the server serves, when it serves exactly one (read at check())
+        self.served_model_given = served_model
         self.served_model = served_model or str(model)
         self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}

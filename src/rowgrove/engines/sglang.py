@@ -209,6 +209,9 @@ class SGLangEngine(RemoteEngine):
             same = name in ours or _tail(name) in {_tail(o) for o in ours}
             if not same and isinstance(path, str) and path:
                 same = path in ours or _tail(path) in {_tail(o) for o in ours}
+            if not same and self.sync_dir is not None and isinstance(path, str):
+                # after an update the server's model_path is the checkpoint rowgrove synced
+                same = Path(path).parent.resolve() == self.sync_dir.resolve()
             if not same:
                 problems.append(f"it serves {name!r} (model_path {path!r}), not {self.served_model!r}: start "
                                 f"it on {self.model_path}, or pass --served-model-name as the server was started")

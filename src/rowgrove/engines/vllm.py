@@ -118,6 +118,8 @@ class VLLMEngine(RemoteEngine):
             return [f"GET /v1/models answered {r.status_code}: is it a vLLM server?"]
         cards = r.json().get("data") or []
         ids = [c.get("id") for c in cards]
+        if self.served_model not in ids and self.served_model_given is None and len(ids) == 1:
+            self.served_model = ids[0]  # the server's one model; the tokenizer probes below prove it is ours
         if self.served_model not in ids:
             problems.append(f"it serves the model name(s) {ids}, not {self.served_model!r}: give the engine the "
                             "name the server was started with (--served-model-name)")

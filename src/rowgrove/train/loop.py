@@ -178,7 +178,9 @@ def make_rollout_engine(cfg: TrainConfig, start_dir: Path, model: Any, tokenizer
         return HFEngine(engine_model, tokenizer, max_batch=max(1, min(cfg.concurrency, 64)))
     from rowgrove.engines import make_engine
 
-    return make_engine(cfg.engine, str(start_dir), url=cfg.engine_url, sync_dir=run_dir / "weights")
+    # the servers were started on the base folder (`--model`), whatever warm-up made of it
+    return make_engine(cfg.engine, str(start_dir), url=cfg.engine_url, sync_dir=run_dir / "weights",
+                       served_model=str(_served_dir(cfg)) if cfg.engine == "sglang" else None)
 
 
 # ---- rollouts ---------------------------------------------------------------------------------
