@@ -124,8 +124,8 @@ class Proc:
         self.proc.wait(timeout=30)
 
 
-async def replay(port: int, sequences: list[list[bytes]], concurrency: int) -> list[float]:
-    """Post each sequence's bodies in order on one connection; latencies in ms."""
+async def replay(port: int, sequences: list[list[bytes]], concurrency: int) -> tuple[list[float], float]:
+    """Post each sequence's bodies in order on one connection; (latencies in ms, wall seconds)."""
     lat: list[float] = []
     sem = asyncio.Semaphore(concurrency)
 
@@ -141,8 +141,9 @@ async def replay(port: int, sequences: list[list[bytes]], concurrency: int) -> l
             finally:
                 conn.close()
 
+    t0 = time.perf_counter()
     await asyncio.gather(*(one(s) for s in sequences))
-    return lat
+    return lat, time.perf_counter() - t0
 
 
 def added_latency(concurrency: int, rollouts: int, turns: int, tmp: str) -> dict[str, Any]:
@@ -178,7 +179,7 @@ def added_latency(concurrency: int, rollouts: int, turns: int, tmp: str) -> dict
             else:
                 open_.append((list(prompt), [orjson.dumps(b)]))
         sequences = [s for _, s in open_]
-        direct = uvloop.run(replay(standin.port, sequences, concurrency))
+        direct, direct_wall = uvloop.run(replay(standin.port, sequences, concurrency))
     finally:
         standin.close()
     g = bg._pcts([ms for _, ms in res["lat"]])
@@ -190,6 +191,9 @@ def added_latency(concurrency: int, rollouts: int, turns: int, tmp: str) -> dict
         "added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 4),
         "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 4),
         "gateway_over_direct_p50_ratio": round(g["p50_ms"] / d["p50_ms"], 2),
+        # closed loop: at saturation latency is concurrency / throughput, so these explain it
+        "req_per_s": {"gateway": round(res["requests"] / res["wall_s"], 1),
+                      "direct": round(len(direct) / direct_wall, 1)},
     }
 
 

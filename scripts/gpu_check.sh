@@ -63,7 +63,7 @@ run_server() {  # kind port command...
   local pid=$!
   if wait_health "http://127.0.0.1:$port/health" 240; then
     if timeout "$BUDGET_S" "$PY" -m rowgrove.cli train "${COMMON[@]}" --out "$OUT/$kind" \
-        --set engine="$kind" --set engine_url="http://127.0.0.1:$port" > "$OUT/$kind.log" 2>&1; then
+        --engine "$kind" --engine-url "http://127.0.0.1:$port" > "$OUT/$kind.log" 2>&1; then
       rates "$OUT/$kind" "$kind"
     else
       echo "gpu_check: the $kind run failed; last lines of $OUT/$kind.log:"; tail -n 20 "$OUT/$kind.log"; status=1
@@ -76,14 +76,16 @@ run_server() {  # kind port command...
 }
 
 if "$PY" -c "import vllm" 2>/dev/null; then
-  run_server vllm 18001 "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --port 18001 \
-    --logprobs-mode raw_logprobs --gpu-memory-utilization 0.4 --enforce-eager
+  # dev mode: the weight-sync routes (/pause, /collective_rpc, /reset_prefix_cache) are dev routes
+  run_server vllm 18001 env VLLM_SERVER_DEV_MODE=1 "$PY" -m vllm.entrypoints.openai.api_server \
+    --model "$MODEL" --port 18001 --logprobs-mode raw_logprobs --gpu-memory-utilization 0.4 --enforce-eager
 else
   echo "gpu_check: vllm is not installed: skipped"
 fi
 if "$PY" -c "import sglang" 2>/dev/null; then
-  run_server sglang 18002 "$PY" -m sglang.launch_server --model-path "$MODEL" --port 18002 \
-    --mem-fraction-static 0.4 --skip-server-warmup
+  # original logprobs: the raw distribution's, not the temperature-scaled one's
+  run_server sglang 18002 env SGLANG_RETURN_ORIGINAL_LOGPROB=1 "$PY" -m sglang.launch_server \
+    --model-path "$MODEL" --port 18002 --mem-fraction-static 0.4 --skip-server-warmup
 else
   echo "gpu_check: sglang is not installed: skipped"
 fi

@@ -35,9 +35,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from rowgrove.engines.base import Generation, SamplingParams, check_prompt
+from rowgrove.engines.http import Reply, ServerClient
 from rowgrove.errors import BadRequest, EngineError, InputError, Unavailable
 
 # A rollout's server is remembered for this many rollouts (least recently used are forgotten).
@@ -117,7 +119,7 @@ class RemoteEngine:
         self.in_flight = [0] * len(self.urls)
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._next = 0  # where the next tie among least-loaded servers is broken
-        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._clients: dict[asyncio.AbstractEventLoop, ServerClient] = {}
         self._closed = False
 
     # ---- choosing a server ----------------------------------------------------------------
@@ -139,8 +141,8 @@ class RemoteEngine:
                 self._affinity.popitem(last=False)
         return best
 
-    def _client(self) -> httpx.AsyncClient:
-        # one client per event loop: an httpx.AsyncClient is bound to the loop it first ran on.
+    def _client(self) -> ServerClient:
+        # one client per event loop: a connection pool is bound to the loop it first ran on.
         # Keyed by the loop itself (not id(loop), which a later loop may reuse); clients of
         # closed loops are dropped (their connections died with the loop).
         loop = asyncio.get_running_loop()
@@ -148,8 +150,8 @@ class RemoteEngine:
         if client is None or client.is_closed:
             for old in [lp for lp in self._clients if lp.is_closed()]:
                 del self._clients[old]
-            client = httpx.AsyncClient(timeout=self.timeout, headers=self.headers,
-                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+            client = ServerClient(read_timeout=self.timeout.read, connect_timeout=self.timeout.connect or 10.0,
+                                  headers=self.headers)
             self._clients[loop] = client
         return client
 
@@ -173,11 +175,14 @@ class RemoteEngine:
         except asyncio.CancelledError:
             await self._abort_quietly(url, rid)
             raise
-        except httpx.TimeoutException as e:
+        except TimeoutError as e:  # aiohttp's read/connect timeouts (the gateway's own is a cancel)
             await self._abort_quietly(url, rid)
             raise EngineError(f"{self.kind} server {url} timed out on request {rid} ({type(e).__name__}): "
                               "retry, or raise the engine timeout", timeout=True) from None
-        except httpx.HTTPError as e:
+        except aiohttp.ClientConnectorError as e:
+            raise EngineError(f"cannot connect to the {self.kind} server {url} for request {rid} ({e.os_error or e}): "
+                              "is the server running at that URL?") from None
+        except aiohttp.ClientError as e:
             raise EngineError(f"{self.kind} server {url} failed on request {rid}: {type(e).__name__}: {e or 'connection lost'}"
                               " (is the server running at that URL?)") from None
         finally:
@@ -193,7 +198,7 @@ class RemoteEngine:
         except BaseException:  # noqa: BLE001 - a failed abort must not hide why we aborted
             pass
 
-    def raise_for_status(self, url: str, r: httpx.Response, rid: str) -> None:
+    def raise_for_status(self, url: str, r: httpx.Response | Reply, rid: str) -> None:
         """Map a server's error status to rowgrove's errors (see the module docstring)."""
         if r.status_code < 400:
             return
@@ -226,7 +231,7 @@ class RemoteEngine:
                              "check --engine"]
                 problems += [f"{url}: {p}" for p in found]
         if problems:
-            raise EngineError(f"the {self.kind} server does not serve the model folder {self.model_path}: "
+            raise EngineError(f"refusing the {self.kind} server(s) for the model folder {self.model_path}: "
                               + "; ".join(problems))
 
     def probe_ids(self) -> list[int]:
@@ -318,11 +323,11 @@ class RemoteEngine:
 
     # ---- the wire format (subclasses) -----------------------------------------------------
 
-    async def _generate(self, client: httpx.AsyncClient, url: str, prompt: list[int],
+    async def _generate(self, client: ServerClient, url: str, prompt: list[int],
                         sampling: SamplingParams, rid: str) -> Generation:
         raise NotImplementedError
 
-    async def _abort(self, client: httpx.AsyncClient, url: str, rid: str) -> None:
+    async def _abort(self, client: ServerClient, url: str, rid: str) -> None:
         """Tell the server to stop request `rid` (closing the connection may be enough)."""
 
     def _probe(self, http: httpx.Client, url: str) -> list[str]:

@@ -72,6 +72,7 @@ import httpx
 import orjson
 
 from rowgrove.engines.base import Generation, SamplingParams
+from rowgrove.engines.http import ServerClient
 from rowgrove.engines.remote import PROBE_TEXT, RemoteEngine, server_message
 from rowgrove.errors import BadRequest, EngineError, Unavailable
 
@@ -125,7 +126,7 @@ class SGLangEngine(RemoteEngine):
             "stream": self.stream,
         }
 
-    async def _generate(self, client: httpx.AsyncClient, url: str, prompt: list[int],
+    async def _generate(self, client: ServerClient, url: str, prompt: list[int],
                         sampling: SamplingParams, rid: str) -> Generation:
         body = self.request_body(prompt, sampling, rid)
         held = self.weights_version  # what a version name that is not a number stands for
@@ -153,7 +154,7 @@ class SGLangEngine(RemoteEngine):
                     reply.add(_json(data.encode(), url))
         return reply.result(streamed=self.stream)
 
-    async def _abort(self, client: httpx.AsyncClient, url: str, rid: str) -> None:
+    async def _abort(self, client: ServerClient, url: str, rid: str) -> None:
         # SGLang notices a disconnect only after a while (it polls); say it explicitly
         await client.post(f"{url}/abort_request", content=orjson.dumps({"rid": rid}),
                           headers={"content-type": "application/json"}, timeout=5.0)

@@ -33,6 +33,7 @@ import httpx
 import orjson
 
 from rowgrove.engines.base import Generation, SamplingParams
+from rowgrove.engines.http import ServerClient
 from rowgrove.engines.remote import PROBE_MESSAGES, RemoteEngine, server_message
 from rowgrove.errors import EngineError
 
@@ -82,7 +83,7 @@ class VLLMEngine(RemoteEngine):
             body["stream_options"] = {"include_usage": True}
         return body
 
-    async def _generate(self, client: httpx.AsyncClient, url: str, prompt: list[int],
+    async def _generate(self, client: ServerClient, url: str, prompt: list[int],
                         sampling: SamplingParams, rid: str) -> Generation:
         body = self.request_body(prompt, sampling)
         headers = {"x-request-id": rid, "content-type": "application/json"}
@@ -105,7 +106,7 @@ class VLLMEngine(RemoteEngine):
                     acc.add(_json(data.encode(), url))
         return acc.result(url, rid, streamed=self.stream)
 
-    async def _abort(self, client: httpx.AsyncClient, url: str, rid: str) -> None:
+    async def _abort(self, client: ServerClient, url: str, rid: str) -> None:
         # closing the connection aborts the request in vLLM (with_cancellation); nothing to send
         return None
 
