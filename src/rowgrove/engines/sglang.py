@@ -175,15 +175,37 @@ class SGLangEngine(RemoteEngine):
         server = self._server_info(http, url)
         problems += self._compare_model(info, server)
         r = http.post(f"{url}/tokenize", json={"prompt": PROBE_TEXT, "add_special_tokens": False})
-        if r.status_code >= 400:
-            return problems + [f"POST /tokenize answered {r.status_code} ({server_message(r)}): the tokenizer "
-                               "cannot be checked (is the server started with --skip-tokenizer-init, or "
-                               "older than /tokenize?)"]
-        problems += self.compare_ids(r.json().get("tokens"))
+        if r.status_code < 400:
+            theirs = r.json().get("tokens")
+        else:
+            theirs = self._prompt_ids_of(http, url)  # older servers: no /tokenize
+            if theirs is None:
+                return problems + [f"POST /tokenize answered {r.status_code} ({server_message(r)}) and /generate "
+                                   "reported no input ids: the tokenizer cannot be checked (is the server "
+                                   "started with --skip-tokenizer-init?)"]
+        problems += self.compare_ids(theirs)
         if self.incremental_override is None and server is not None:
             mode = server.get("incremental_streaming_output", server.get("stream_output"))
             self.incremental[url] = bool(mode) if isinstance(mode, bool) else None
         return problems
+
+    def _prompt_ids_of(self, http: httpx.Client, url: str) -> list[int] | None:
+        """The server's ids for the probe text, from a one-token `/generate` on `text` with the
+        prompt's logprobs (`input_token_logprobs` triples carry the ids); None if it gives none.
+        The tokenizer may add a BOS id in front, which is dropped when it is the tokenizer's."""
+        r = http.post(f"{url}/generate", json={"text": PROBE_TEXT, "sampling_params": {"max_new_tokens": 1},
+                                               "return_logprob": True, "logprob_start_len": 0})
+        if r.status_code >= 400:
+            return None
+        body = r.json()
+        triples = (body.get("meta_info") or {}).get("input_token_logprobs") if isinstance(body, dict) else None
+        if not isinstance(triples, list) or not triples:
+            return None
+        ids = [t[1] for t in triples if isinstance(t, list | tuple) and len(t) >= 2]
+        bos = self.tokenizer.bos_token_id
+        if ids and bos is not None and ids[0] == bos and ids[1:] == self.probe_ids():
+            ids = ids[1:]
+        return ids
 
     def _server_info(self, http: httpx.Client, url: str) -> dict[str, Any] | None:
         """The server's arguments (`/server_info`, else the older `/get_server_info`), or None."""

@@ -34,7 +34,7 @@ import orjson
 
 from rowgrove.engines.base import Generation, SamplingParams
 from rowgrove.engines.http import ServerClient
-from rowgrove.engines.remote import PROBE_MESSAGES, RemoteEngine, server_message
+from rowgrove.engines.remote import PROBE_MESSAGES, RemoteEngine
 from rowgrove.errors import EngineError
 
 
@@ -127,19 +127,27 @@ class VLLMEngine(RemoteEngine):
             return problems  # /tokenize would answer 404 for the wrong name
         r = http.post(f"{url}/tokenize", json={"model": self.served_model, "prompt": _probe_text(),
                                                 "add_special_tokens": False})
-        if r.status_code >= 400:
-            return problems + [f"POST /tokenize answered {r.status_code}: the tokenizer cannot be checked "
-                               "(is the server started with --skip-tokenizer-init?)"]
-        problems += self.compare_ids(r.json().get("tokens"))
+        if r.status_code < 400:
+            theirs = r.json().get("tokens")
+        else:
+            # no /tokenize: the prompt ids a one-token completion of the probe text reports
+            c = http.post(f"{url}/v1/completions", json={
+                "model": self.served_model, "prompt": _probe_text(), "max_tokens": 1, "temperature": 0,
+                "return_token_ids": True, "add_special_tokens": False})
+            choices = c.json().get("choices") if c.status_code < 400 else None
+            theirs = choices[0].get("prompt_token_ids") if choices else None
+            if theirs is None:
+                return problems + [f"POST /tokenize answered {r.status_code} and /v1/completions gave no "
+                                   "prompt_token_ids: the tokenizer cannot be checked (is the server started "
+                                   "with --skip-tokenizer-init?)"]
+        problems += self.compare_ids(theirs)
         ours = self.probe_chat_ids()
         if ours is not None:
+            # the server's chat template is never used (rowgrove renders); comparing it tells apart
+            # two folders that share a tokenizer. A server that cannot render is not refused for it.
             r = http.post(f"{url}/tokenize", json={"model": self.served_model, "messages": list(PROBE_MESSAGES),
                                                     "add_generation_prompt": True, "add_special_tokens": False})
-            if r.status_code >= 400:
-                problems.append(f"POST /tokenize with messages answered {r.status_code} "
-                                f"({server_message(r)}): its chat template cannot be checked against "
-                                f"{self.model_path}'s; serve that folder")
-            else:
+            if r.status_code < 400 and isinstance(r.json().get("tokens"), list):
                 problems += self.compare_chat_ids(r.json().get("tokens"))
         return problems
 

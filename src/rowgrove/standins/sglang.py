@@ -3,14 +3,14 @@
     with start_standin("sglang", "tiny", incremental=True) as server:
         engine = make_engine("sglang", "tiny", url=server.url)
 
-Every shape follows the SGLang source it cites (researched in /tmp/spec/sglang.md; "HS" is
+Every shape follows the SGLang source it cites (sgl-project/sglang at the commits named; "HS" is
 python/sglang/srt/entrypoints/http_server.py). Short names used below:
 
     HS-new  http_server.py                                  @ 0025436eab0556737d615b36a4dd3e1e26e82f3d
     HS-old  http_server.py                                  @ 9c0549b727fe222444495cea6b369697534d60f0
     IO      python/sglang/srt/managers/io_struct.py         @ 001067fffe33427bee0ed2f007fb7551a1d76b44
     SP      python/sglang/srt/sampling/sampling_params.py   @ 00c17cafcb9e289d5ca97c50e44ada54e4fd5b03
-    OP      .../managers/tokenizer_manager_components/output_processor.py (index id 55176581048)
+    OP      .../managers/tokenizer_manager_components/output_processor.py (newest stored version)
     LP      .../managers/tokenizer_manager_components/logprob_ops.py      @ 229224a3f4058cdc3b6fe8774b97d96950cda1ee
     RE      .../managers/tokenizer_manager_components/response_emitter.py @ 5bf23cf6bf992f5b2f35b9e92cc1fb3f3422ff49
     WV      python/sglang/srt/utils/weight_versions.py      @ 19f93835d3f8a0b84485592090245d11de783289
@@ -137,6 +137,8 @@ class _Run:
     abort_message: str = "Aborted"
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     task: asyncio.Task | None = None
+    logprob_start: int = -1                            # logprob_start_len
+    input_triples: list[list[Any]] | None = None       # prompt logprobs, when logprob_start >= 0
 
 
 class _SGLangStandin:
@@ -264,8 +266,9 @@ class _SGLangStandin:
         if obj.get("return_logprob") is not True:
             raise ValueError("the stand-in always needs return_logprob: true")
         start = obj.get("logprob_start_len", -1)
-        if start not in (-1, None):
-            raise ValueError("the stand-in returns no prompt logprobs: send logprob_start_len -1")
+        start = -1 if start is None else start
+        if not isinstance(start, int) or isinstance(start, bool) or start < -1:
+            raise ValueError(f"logprob_start_len must be an integer >= -1, got {start!r}")
         top_n = obj.get("top_logprobs_num") or 0
         stop = params.get("stop")
         stop = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
@@ -289,7 +292,7 @@ class _SGLangStandin:
         except InputError as e:
             raise ValueError(str(e)) from None
         return _Run(rid=rid, prompt=prompt, sampling=sampling, params=params, top_n=int(top_n),
-                    return_text=bool(obj.get("return_text_in_logprobs")), fault=fault)
+                    return_text=bool(obj.get("return_text_in_logprobs")), fault=fault, logprob_start=start)
 
     def _start(self, run: _Run) -> None:
         self.runs[run.rid] = run
@@ -305,6 +308,14 @@ class _SGLangStandin:
                 await asyncio.sleep(self.state.delay)
             elif run.fault == "hang":
                 await asyncio.Future()
+            if run.logprob_start >= 0:
+                # prompt logprobs, teacher-forced; the first position has none [LP]
+                from rowgrove.engines.base import teacher_forced_logprobs
+
+                lps, _ = await asyncio.to_thread(teacher_forced_logprobs, self.engine.model, run.prompt[:1],
+                                                 run.prompt[1:])
+                full = [[None, run.prompt[0], None]] + [[lp, t, None] for lp, t in zip(lps, run.prompt[1:], strict=True)]
+                run.input_triples = full[run.logprob_start:]
             stops = frozenset(run.sampling.stop_token_ids)
             segments = sample_segments(self.engine, run.prompt, run.sampling, segment=self.segment, stop_ids=stops)
             async with contextlib.aclosing(segments):
@@ -425,7 +436,8 @@ class _SGLangStandin:
             "completion_tokens": end,
             "cached_tokens": 0,
             # logprob_start_len -1: the last prompt position only, which has no logprob (spec §2.3, unconfirmed)
-            "input_token_logprobs": [[None, run.prompt[-1], None]],
+            "input_token_logprobs": (run.input_triples if run.input_triples is not None
+                                     else [[None, run.prompt[-1], None]]),
             "output_token_logprobs": triples,
         }
         if run.top_n:

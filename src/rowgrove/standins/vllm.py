@@ -6,7 +6,7 @@ weight update can land in the middle of a request.
     app = create_app(make_engine("hf", "tiny"), "tiny", StandinState())
     python -m rowgrove.standins vllm --model tiny --port 8001
 
-Where each shape comes from (vllm-project/vllm, the stored version read for /tmp/spec/vllm.md):
+Where each shape comes from (vllm-project/vllm at the commits named):
 
     CP   vllm/entrypoints/openai/completion/protocol.py @ d5dba2d7b0ab9b98096560c69db7126b54b14d79
          (CompletionRequest, CompletionResponse, CompletionResponseStreamChoice, CompletionLogProbs)
@@ -20,12 +20,12 @@ Where each shape comes from (vllm-project/vllm, the stored version read for /tmp
     MS   vllm/entrypoints/openai/models/serving.py @ 4fe4500477d5bbf2c2a467adacc60f7d215cd655
     RL-a vllm/entrypoints/serve/dev/rlhf/api_router.py @ 6fbea1171830682c53ecb7d3ae67495fa799e62f
          (/pause, /resume, /is_paused)
-    RL-b the same file, newer stored copy (index file id 70118923526; PR #49040): /abort_requests,
+    RL-b the same file, newer version (vLLM PR #49040): /abort_requests,
          /weight_info, /update_weight_version
     RPC  vllm/entrypoints/serve/dev/rpc/api_router.py @ cd20a5785d36d73795dc3e87088ca370f9efe807
     CCH  vllm/entrypoints/serve/dev/cache/api_router.py @ b35f7c2b76d3cb04312ff6caa37b610163dbbf53
-    TP   the tokenize protocol (TokenizeCompletionRequest / TokenizeChatRequest; index file id
-         116293666, vllm/entrypoints/serve/tokenize/protocol.py)
+    TP   the tokenize protocol (TokenizeCompletionRequest / TokenizeChatRequest,
+         vllm/entrypoints/serve/tokenize/protocol.py)
 
 What the stand-in does not do (400 with a message naming the field, never silently ignored):
 n > 1, batched prompts, echo, beam search, top_k / min_p / penalties other than "off",
