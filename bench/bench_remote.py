@@ -11,8 +11,11 @@ so the difference is the gateway: HTTP in, decide, render, ledger commits, HTTP 
 and back, parse, respond. Each server runs in its own process; the client is the raw keep-alive
 HTTP/1.1 client of bench_gateway.py.
 
-Figure (bench/results/remote.json): added end-to-end latency per call, p50 and p99, at 64
-concurrent rollouts and at 1. Goal: <= 1 ms p50 added at 64.
+Figures (bench/results/remote.json):
+ 1. added end-to-end latency per call, p50 and p99, at 64 concurrent rollouts and at 1.
+    Goal: <= 1 ms p50 added at 64.
+ 2. the upstream HTTP client: httpx's AsyncClient against aiohttp, 64 concurrent requests to the
+    same stand-in from one process, side by side (why the engines generate through aiohttp).
 
     .venv/bin/python bench/bench_remote.py [--quick]
 """
@@ -197,6 +200,57 @@ def added_latency(concurrency: int, rollouts: int, turns: int, tmp: str) -> dict
     }
 
 
+def upstream_clients(requests: int, concurrency: int = 64) -> dict[str, Any]:
+    """Requests per second of httpx and aiohttp posting the same /v1/completions body to the
+    same instant stand-in, alternating twice (the best of two runs each)."""
+    import aiohttp
+    import httpx
+    import uvloop
+
+    body = orjson.dumps({"model": "tiny", "prompt": list(range(1, 200)), "max_tokens": 4,
+                         "return_token_ids": True, "logprobs": 0, "stream": False})
+    headers = {"content-type": "application/json"}
+    standin = Proc("standin")
+    url = f"{standin.url}/v1/completions"
+
+    async def with_httpx() -> float:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        async with httpx.AsyncClient(limits=limits) as c:
+            sem = asyncio.Semaphore(concurrency)
+
+            async def one() -> None:
+                async with sem:
+                    (await c.post(url, content=body, headers=headers)).json()
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(requests)))
+            return requests / (time.perf_counter() - t0)
+
+    async def with_aiohttp() -> float:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            sem = asyncio.Semaphore(concurrency)
+
+            async def one() -> None:
+                async with sem:
+                    async with s.post(url, data=body, headers=headers) as r:
+                        orjson.loads(await r.read())
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(requests)))
+            return requests / (time.perf_counter() - t0)
+
+    try:
+        runs: dict[str, list[float]] = {"httpx": [], "aiohttp": []}
+        for _ in range(2):
+            runs["httpx"].append(uvloop.run(with_httpx()))
+            runs["aiohttp"].append(uvloop.run(with_aiohttp()))
+    finally:
+        standin.close()
+    best = {k: round(max(v), 1) for k, v in runs.items()}
+    return {"concurrency": concurrency, "requests": requests, "req_per_s": best,
+            "aiohttp_over_httpx_ratio": round(best["aiohttp"] / best["httpx"], 2)}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
@@ -219,11 +273,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "client": "raw asyncio-streams HTTP/1.1 keep-alive, one connection per rollout",
             "added_latency_c64": added_latency(64, 64 if q else 128, 4 if q else 12, tmp),
             "added_latency_c1": added_latency(1, 4 if q else 16, 8 if q else 24, tmp),
+            "upstream_client_c64": upstream_clients(400 if q else 2000),
         }
     print(json.dumps(results, indent=1))
     c64, c1 = results["added_latency_c64"], results["added_latency_c1"]
     print(f"added end-to-end latency at 64 concurrent rollouts: p50 {c64['added_p50_ms']:.3f} ms, "
           f"p99 {c64['added_p99_ms']:.3f} ms (goal <= 1 ms p50); at 1: p50 {c1['added_p50_ms']:.3f} ms")
+    up = results["upstream_client_c64"]
+    print(f"upstream client at 64 concurrent: aiohttp {up['req_per_s']['aiohttp']} req/s, httpx "
+          f"{up['req_per_s']['httpx']} req/s ({up['aiohttp_over_httpx_ratio']}x)")
     if not q:
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
