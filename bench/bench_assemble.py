@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prompt", type=int, default=200, help="new prompt tokens per continuation (default 200)")
     p.add_argument("--sampled", type=int, default=800, help="sampled tokens per call (default 800)")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--out", default=None, help=f"results file (default {RESULTS}; with --quick, none unless given)")
     args = p.parse_args(argv)
     rollouts = args.rollouts or (16 if args.quick else 160)
     reps = 1 if args.quick else args.reps
@@ -179,9 +179,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"per CPU-second of this process: ours {result['ours_tokens_per_cpu_s'] / 1e6:.1f}M tokens/s, "
           f"baseline {result['baseline_tokens_per_cpu_s'] / 1e6:.1f}M, reading alone "
           f"{result['read_only_tokens_per_cpu_s'] / 1e6:.1f}M (load average {result['load_average_1m']})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = Path(args.out) if args.out else None if args.quick else RESULTS  # smoke figures are not kept
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -72,8 +72,9 @@ def main(argv: list[str] | None = None) -> dict:
               "baseline_generate_b1_tok_s": base_tps,
               "engine_tok_s": {str(n): v for n, v in res.items()},
               "ratio_vs_baseline": {str(n): v / base_tps for n, v in res.items()}}
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    if not args.quick:  # smoke figures never replace the measured ones
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
     return result
 
 

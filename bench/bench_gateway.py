@@ -332,8 +332,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"ledger stored / unique tokens: {st['stored_over_unique']} (goal <= 1.05); "
           f"full prompt per call would be {st['full_prompt_over_unique']}x")
     results["quick"] = q
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    if not q:  # smoke figures never replace the measured ones
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     return results
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 COMMANDS: dict[str, str] = {
     "serve": "run the capture gateway (OpenAI-compatible) in front of an engine",
@@ -20,15 +21,47 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help shows its default, unless the help already speaks of it (which also
+    keeps defaults read from the environment, such as keys, out of `--help`) or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_ = action.help or ""
+        if "default" in help_.lower() or action.default in (None, False, [], argparse.SUPPRESS):
+            return help_
+        return super()._get_help_string(action) or help_
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (the problem and where help is), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def version() -> str:
+    """The installed distribution's version, else the package's `__version__`."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("rowgrove")
+    except PackageNotFoundError:
+        from rowgrove import __version__
+
+        return __version__
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; with `command`, only that subcommand's arguments are loaded."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="rowgrove",
         description="Exact, fairly weighted training rows for agentic RL.",
     )
+    parser.add_argument("--version", action="version", version=f"rowgrove {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_ in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
         if name == command:
             importlib.import_module(f"rowgrove.commands.{name}").add_arguments(p)
     return parser

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 from rowgrove.errors import InputError
 
@@ -35,7 +37,31 @@ class AgentConfig:
     reward was decided by responses that are never trained, so it must not push its accepted
     turns down), "score" keeps the environment's reward so far."""
 
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], **defaults: Any) -> AgentConfig:
+        """The config of `options` (e.g. a training config's `agent:` section) over `defaults`;
+        InputError naming any option that is not a field, with the known ones."""
+        known = [f.name for f in fields(cls)]
+        unknown = [str(k) for k in options if k not in known]
+        if unknown:
+            import difflib
+
+            named = ", ".join(
+                repr(k) + "".join(f" (did you mean {m}?)" for m in difflib.get_close_matches(k, known, 1))
+                for k in unknown
+            )
+            raise InputError(f"unknown agent option{'s' if len(unknown) > 1 else ''} {named}: "
+                             f"known options are {', '.join(known)}")
+        return cls(**{**defaults, **options})
+
     def __post_init__(self) -> None:
+        for name in ("max_actions", "max_resamples", "keep_rounds", "every_k", "max_tokens"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                raise InputError(f"AgentConfig.{name} is an integer, got {getattr(self, name)!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise InputError(f"AgentConfig.temperature is a number, got {self.temperature!r}")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise InputError(f"AgentConfig.system_prompt is a string or null, got {self.system_prompt!r}")
         if self.compaction not in COMPACTIONS:
             raise InputError(f"unknown compaction {self.compaction!r}: use one of {', '.join(COMPACTIONS)}")
         for name in ("max_actions", "keep_rounds", "every_k", "max_tokens"):

@@ -1,7 +1,8 @@
 """Lineage pictures: a rollout's calls as a forest (a tree per root), like NeMo RL PR #4124's figure.
 
-Each call is drawn as `cN` (its ordinal). Continuations hang under their parent; a new root (a
-context rewrite) starts a new tree. Rejected calls are marked ✗, accepted calls ●, the accepted
+Each call is drawn as `cN` (its ordinal). Continuations hang under their parent; a new root starts
+a new tree: a resample when an earlier root was the same request (a first call sent again), else a
+context rewrite. Rejected calls are marked ✗, accepted calls ●, the accepted
 leaf each chain was walked from ◉, and the walked chain of every tree is highlighted. Under the
 forest: the rows it gave, with their calls and token counts.
 
@@ -73,6 +74,20 @@ def _children(
     return roots, kids
 
 
+def _new_trees(roots: list[str], nodes: dict[str, Node]) -> dict[str, str]:
+    """Each root after the first: "resample of cN" when the earlier root cN was the same request
+    (same messages, so the same request hash, and the same prompt ids) sent again, else "rewrite"
+    (a new context)."""
+    out: dict[str, str] = {}
+    for t, root in enumerate(roots):
+        if t:
+            c = nodes[root].call
+            same = next((nodes[r].label for r in roots[:t] if nodes[r].call.request_hash == c.request_hash
+                         and np.array_equal(nodes[r].call.prompt_ids, c.prompt_ids)), None)
+            out[root] = f"resample of {same}" if same else "rewrite"
+    return out
+
+
 def _note(n: Node) -> str:
     c = n.call
     parts = [f"+{len(c.prompt_ids)} prompt, {len(c.sampled_ids)} sampled"]
@@ -130,9 +145,12 @@ def render_text(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = Non
     rows = rr.rows if rows is None else rows
     nodes = _kinds(calls, rr)
     roots, kids = _children(calls, nodes)
+    new_trees = _new_trees(roots, nodes)
     lines = _header(calls, rr, rows)
     for t, root in enumerate(roots, 1):
-        lines.append(f"tree {t} (root c{nodes[root].call.ordinal})" + (" — after a rewrite" if t > 1 else ""))
+        how = new_trees.get(root)
+        lines.append(f"tree {t} (root c{nodes[root].call.ordinal})"
+                     + ("" if how is None else " — after a rewrite" if how == "rewrite" else f" — a {how}"))
         # stack of (call id, prefix for its own line, prefix for its children)
         stack: list[tuple[str, str, str]] = [(root, "  ", "  ")]
         while stack:
@@ -153,18 +171,21 @@ def render_text(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = Non
     return "\n".join(lines) + "\n"
 
 
-def layout(calls: list[Call], rr: RolloutRows) -> tuple[list[Node], list[tuple[Node, Node]], list[int]]:
+def layout(
+    calls: list[Call], rr: RolloutRows
+) -> tuple[list[Node], list[tuple[Node, Node]], list[tuple[int, str]]]:
     """Nodes placed on a grid (x: ordinal order, y: lane), parent→child edges, and the x columns
-    where a new tree starts (rewrites)."""
+    where a new tree starts, each with its label ("rewrite" or "resample")."""
     nodes = _kinds(calls, rr)
     roots, kids = _children(calls, nodes, walked_first=True)
     order = sorted(calls, key=lambda c: c.ordinal)
     for x, c in enumerate(order):
         nodes[c.id].x = x
-    rewrites: list[int] = []
-    for t, root in enumerate(roots):
-        if t:
-            rewrites.append(nodes[root].x)
+    new_trees = _new_trees(roots, nodes)
+    rewrites: list[tuple[int, str]] = []
+    for root in roots:
+        if root in new_trees:
+            rewrites.append((nodes[root].x, new_trees[root].split()[0]))
         next_lane = 1
         stack = [(root, 0)]
         while stack:
@@ -209,11 +230,11 @@ def render_svg(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None
     for i, line in enumerate(head):
         color = "#d73a49" if line.startswith("INVALID") else "#24292f"
         out.append(f'<text x="{pad}" y="{pad + 18 * i}" fill="{color}">{escape(line)}</text>')
-    for x in rewrites:
+    for x, what in rewrites:
         lx = pad + dx * x - (dx - 2 * r) // 2
         out.append(f'<line x1="{lx}" y1="{top - 8}" x2="{lx}" y2="{top + forest_h - 10}" stroke="#bbb" '
                    'stroke-dasharray="4 3"/>')
-        out.append(f'<text x="{lx + 3}" y="{top - 10}" fill="#888" font-size="10">rewrite</text>')
+        out.append(f'<text x="{lx + 3}" y="{top - 10}" fill="#888" font-size="10">{what}</text>')
     for a, b in edges:
         (x1, y1), (x2, y2) = at(a), at(b)
         hot = a.walked and b.walked
@@ -268,7 +289,7 @@ def render_png(calls: list[Call], rr: RolloutRows, path: str | Path, rows: list[
     fig_h = 0.6 * lanes + 0.22 * len(text) + 1
     fig, ax = plt.subplots(figsize=(min(fig_w, 60), min(fig_h, 60)))
     ax.set_axis_off()
-    for x in rewrites:
+    for x, _ in rewrites:
         ax.plot([x - 0.5, x - 0.5], [0.6, -lanes + 0.4], color="#bbb", linestyle="--", linewidth=1)
     for a, b in edges:
         hot = a.walked and b.walked

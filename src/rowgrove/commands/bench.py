@@ -1,9 +1,14 @@
 """`rowgrove bench`: run the benchmarks in bench/ (each `bench/bench_<name>.py` exposes
-`main(argv) -> dict` and writes bench/results/<name>.json) and print their ratios.
+`main(argv) -> dict` and writes bench/results/<name>.json) and print their ratios and goals.
 
     rowgrove bench                 # all of them
-    rowgrove bench --quick         # smaller sizes, for a smoke check
+    rowgrove bench --quick         # smaller sizes, for a smoke check: no results file is written
     rowgrove bench --only train    # one of them
+
+Goals: a benchmark's result may hold `"goals": {"name": {"value": x, "goal": "<= 1 ms", "met": bool}}`
+(and, older style, keys ending in `_goal_met` holding a bool); each is printed `MET` or `MISSED`,
+and a missed goal makes the exit code 1. With --quick (smoke sizes, not a measurement) they are
+printed but do not set the exit code, and any results file a benchmark rewrites is put back.
 """
 
 from __future__ import annotations
@@ -44,6 +49,45 @@ def _ratios(result: object, prefix: str = "") -> list[str]:
     return out
 
 
+def goals(result: object, prefix: str = "") -> list[tuple[str, bool, str]]:
+    """(name, met, detail) of every goal in a (nested) result: the entries of each `goals`
+    mapping (`{"value": ..., "goal": ..., "met": bool}`) and every bool key ending in `_goal_met`."""
+    out: list[tuple[str, bool, str]] = []
+    if not isinstance(result, dict):
+        return out
+    for k, v in result.items():
+        name = f"{prefix}{k}"
+        if k == "goals" and isinstance(v, dict):
+            for g, spec in v.items():
+                if isinstance(spec, dict) and isinstance(spec.get("met"), bool):
+                    value = spec.get("value")
+                    shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+                    out.append((f"{prefix}{g}", spec["met"], f"{shown} (goal {spec.get('goal', '?')})"))
+        elif isinstance(v, dict):
+            out += goals(v, name + ".")
+        elif isinstance(v, bool) and k.endswith("_goal_met"):
+            out.append((name.removesuffix("_goal_met"), v, "goal met" if v else "goal not met"))
+    return out
+
+
+def _snapshot(results: Path) -> dict[Path, bytes]:
+    return {f: f.read_bytes() for f in results.glob("*.json")} if results.is_dir() else {}
+
+
+def _put_back(before: dict[Path, bytes], results: Path) -> list[str]:
+    """Restore results files a --quick run changed or added; names of those it touched."""
+    touched = []
+    for f, data in before.items():
+        if not f.exists() or f.read_bytes() != data:
+            f.write_bytes(data)
+            touched.append(f.name)
+    for f in (results.glob("*.json") if results.is_dir() else []):
+        if f not in before:
+            f.unlink()
+            touched.append(f.name)
+    return touched
+
+
 def run(args: argparse.Namespace) -> int:
     from rowgrove.errors import InputError
 
@@ -57,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         files = [f for f in files if f.stem.removeprefix("bench_") in args.only]
     if not files:
         raise InputError(f"no bench_*.py in {root}: run from the repository root or pass --dir")
-    failed = 0
+    failed = missed = 0
     for f in files:
         name = f.stem.removeprefix("bench_")
         print(f"== {name} ({f})", flush=True)
@@ -65,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         sys.modules[spec.name] = module  # type: ignore[union-attr]
         t0 = time.time()
+        before = _snapshot(root / "results") if args.quick else {}
         try:
             spec.loader.exec_module(module)  # type: ignore[union-attr]
             result = module.main(["--quick"] if args.quick else [])
@@ -72,7 +117,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"   FAILED: {type(e).__name__}: {e}")
             failed += 1
             continue
+        finally:
+            if args.quick and (touched := _put_back(before, root / "results")):
+                print(f"   (--quick: put back {', '.join(touched)}, which bench_{name}.py rewrote)")
         for line in _ratios(result) or [json.dumps(result, default=str)[:300]]:
             print(f"   {line}")
+        for goal, met, detail in goals(result):
+            print(f"   {'MET' if met else 'MISSED'} {goal}: {detail}" + (" [--quick: not a measurement]"
+                                                                       if args.quick else ""))
+            missed += not met and not args.quick
         print(f"   ({time.time() - t0:.1f}s)")
-    return 1 if failed else 0
+    if missed:
+        print(f"rowgrove bench: {missed} goal{'s' if missed != 1 else ''} MISSED (see the lines above)",
+              file=sys.stderr)
+    return 1 if failed or missed else 0

@@ -3,7 +3,8 @@
     rowgrove rows --ledger runs/ledger.db --out rows.parquet
     rowgrove rows --ledger runs/ledger.db --out rows.jsonl --estimator dr_grpo
 
-Rows come from `rowgrove.assemble` (one per chain), advantages from
+Open (unfinished) rollouts have no rows yet: they are skipped, and one line on stderr says how
+many. Rows come from `rowgrove.assemble` (one per chain), advantages from
 `rowgrove.algo.assign_advantages` (one per rollout, baseline per group_id). Invalid rollouts keep
 their rows, `valid=false` with the reason, and take no part in any baseline.
 """
@@ -32,11 +33,18 @@ def run(args: argparse.Namespace) -> int:
     from rowgrove.assemble import build_rows, write_rows
     from rowgrove.assemble.io import _format
     from rowgrove.assemble.read import count_finished, iter_finished
+    from rowgrove.errors import name_some
     from rowgrove.ledger import Ledger
 
     _format(Path(args.out))  # refuse a bad suffix before reading anything
     with Ledger(args.ledger, readonly=True) as ledger:
         total = count_finished(ledger)
+        still_open = [ro.id for ro in ledger.rollouts("open")]
+        if still_open:  # said even with --quiet: rows that are not there must not pass unnoticed
+            n = len(still_open)
+            print(f"rowgrove rows: skipped {n} open rollout{'s' if n != 1 else ''} ({name_some(still_open)}): "
+                  f"{'they have' if n != 1 else 'it has'} no rows until finished (POST /v1/rollouts/ID/finish)",
+                  file=sys.stderr)
         show_bar = not args.quiet and sys.stderr.isatty() and total >= 200
         rows = []
         invalid: Counter[str] = Counter()

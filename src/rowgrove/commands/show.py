@@ -3,8 +3,9 @@
     rowgrove show --ledger runs/ledger.db --rollout ro_1234           # text drawing in the terminal
     rowgrove show --ledger runs/ledger.db --rollout ro_1234 --out forest.svg   # or .html, .png
 
-A tree per root (a new root is a context rewrite), continuations under their parent, rejected
-calls ✗, accepted leaves ◉, the chain walked in each tree highlighted, and the rows it gave.
+A tree per root (a new root is a context rewrite, or a resample when an earlier root was the same
+request), continuations under their parent, rejected calls ✗, accepted leaves ◉, the chain walked
+in each tree highlighted, and the rows it gave.
 """
 
 from __future__ import annotations

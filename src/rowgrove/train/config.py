@@ -156,12 +156,22 @@ def config_hash(d: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _yaml_value(raw: str, key: str) -> Any:
+    """A `key=value` override's value parsed as YAML; InputError naming the key if it is not YAML."""
+    import yaml
+
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"config field {key}: {raw!r} is not valid YAML ({problem}): quote the value, "
+                         f"e.g. --set '{key}=\"...\"'") from None
+
+
 def _coerce(name: str, raw: Any, current: Any, annotation: str) -> Any:
     """Turn a YAML value or a `--set` string into the field's type."""
     if isinstance(raw, str) and annotation != "str":
-        import yaml
-
-        raw = yaml.safe_load(raw) if raw != "" else None
+        raw = _yaml_value(raw, name) if raw != "" else None
     if annotation == "bool":
         if not isinstance(raw, bool):
             raise InputError(f"config field {name} is true/false, got {raw!r}")
@@ -212,9 +222,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] | Mappi
         if sub:
             if not known[head].type.startswith("Mapping"):
                 raise InputError(f"config field {head} is not a mapping: write {head}=VALUE")
-            import yaml
-
-            raw = {sub: yaml.safe_load(raw) if isinstance(raw, str) else raw}
+            raw = {sub: _yaml_value(raw, key) if isinstance(raw, str) else raw}
         values[head] = _coerce(head, raw, current, str(known[head].type))
 
     if path is not None:
@@ -225,6 +233,11 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] | Mappi
             data = yaml.safe_load(p.read_text()) or {}
         except OSError as e:
             raise InputError(f"cannot read config {p}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{p}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(p)
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise InputError(f"config {where} is not valid YAML ({problem}): fix the file there") from None
         if not isinstance(data, Mapping):
             raise InputError(f"config {p} must be a YAML mapping of field: value")
         for k, v in data.items():

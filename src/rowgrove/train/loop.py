@@ -188,8 +188,7 @@ def make_rollout_engine(cfg: TrainConfig, start_dir: Path, model: Any, tokenizer
 def _agent_config(cfg: TrainConfig) -> Any:
     from rowgrove.agents import AgentConfig
 
-    opts = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens, **dict(cfg.agent)}
-    return AgentConfig(**opts)
+    return AgentConfig.from_options(dict(cfg.agent), temperature=cfg.temperature, max_tokens=cfg.max_tokens)
 
 
 def run_group_rollouts(gateway_url: str, cfg: TrainConfig, tasks: list[Any], n: int, tag: str,
@@ -245,6 +244,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
 
     t_start = time.time()
     run_dir = Path(cfg.out)
+    _agent_config(cfg)  # the agent options and the env are checked before anything is written
+    make_tasks(cfg.env, 0)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     ckpt = load_checkpoint(run_dir) if resume else None
@@ -252,12 +253,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
         if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
             raise InputError(f"{run_dir} already holds a run: resume it with --resume {run_dir}, "
                              "or pass a new --out directory")
-        run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
     seed_everything(cfg.seed)
 
     start_dir = prepare_model_dir(cfg, log)
     model, tok = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
+    # written once the model loads: a config that fails before it leaves no run directory behind
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     start_step, extra = 0, {}
