@@ -109,7 +109,12 @@ def run_server(kind: str, port: int, ledger: str) -> None:
         from rowgrove.model.load import load_tokenizer
 
         engine = NullEngine(load_tokenizer("tiny"))
-        app = create_app(engine, Ledger(ledger), settings=GatewaySettings(max_queue=4096))
+        # a real server holds torch + transformers; import them so the collector has their objects
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        app = create_app(engine, Ledger(ledger), settings=GatewaySettings(
+            max_queue=4096, gc_freeze=kind != "gateway-nofreeze"))
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", log_level="warning",
                 access_log=False, backlog=4096)
 
@@ -255,6 +260,27 @@ def added_latency(concurrency: int, rollouts: int, turns: int, tmp: str) -> dict
     return out
 
 
+def gc_freeze_effect(concurrency: int, rollouts: int, turns: int, tmp: str) -> dict[str, Any]:
+    """The gateway with its start-up objects frozen out of the collector (the default) against
+    the same gateway without, side by side: server-side p50/p99 and throughput."""
+    out: dict[str, Any] = {"concurrency": concurrency, "rollouts": rollouts, "turns_per_rollout": turns}
+    for kind in ("gateway-nofreeze", "gateway"):
+        async def go(port: int) -> dict:
+            await drive(port, min(rollouts, concurrency), concurrency, 2)  # warm-up
+            return await drive(port, rollouts, concurrency, turns)
+
+        res = _run(kind, f"{tmp}/gc-{kind}.db", go)
+        out["frozen" if kind == "gateway" else "not_frozen"] = {
+            "server": _pcts([ms for _, ms in res["srv"]]),
+            "end_to_end": _pcts([ms for _, ms in res["lat"]]),
+            "req_per_s": round(res["requests"] / res["wall_s"], 1),
+        }
+    f, n = out["frozen"], out["not_frozen"]
+    out["p99_end_to_end_frozen_over_not_ratio"] = round(f["end_to_end"]["p99_ms"] / n["end_to_end"]["p99_ms"], 3)
+    out["throughput_frozen_over_not_ratio"] = round(f["req_per_s"] / n["req_per_s"], 3)
+    return out
+
+
 def long_conversation(turns: int, repeats: int, tmp: str) -> dict[str, Any]:
     async def go(port: int) -> dict:
         await drive(port, 1, 1, 3)  # warm-up
@@ -317,6 +343,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "client": "raw asyncio-streams HTTP/1.1 keep-alive, one connection per rollout",
             "added_latency_c64": added_latency(64, 64 if q else 128, 4 if q else 16, tmp),
             "added_latency_c1": added_latency(1, 4 if q else 16, 8 if q else 32, tmp),
+            "gc_freeze_c64": gc_freeze_effect(64, 64 if q else 128, 4 if q else 16, tmp),
             "call_200_vs_call_1": long_conversation(60 if q else 200, 2 if q else 5, tmp),
             "storage_100_turns": storage(30 if q else 100, 4 if q else 8, tmp),
         }
@@ -325,6 +352,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(json.dumps(results, indent=1))
     print(f"added server-side latency at 64 concurrent rollouts: p50 {c64['added_server_p50_ms']:.3f} ms, "
           f"p99 {c64['added_server_p99_ms']:.3f} ms (goal <= 0.5 / 3 ms)")
+    gcf = results["gc_freeze_c64"]
+    print(f"gc.freeze at 64 concurrent: end-to-end p99 {gcf['frozen']['end_to_end']['p99_ms']:.1f} ms frozen vs "
+          f"{gcf['not_frozen']['end_to_end']['p99_ms']:.1f} ms not; throughput {gcf['frozen']['req_per_s']} vs "
+          f"{gcf['not_frozen']['req_per_s']} req/s")
     print(f"added server-side latency at 1: p50 {c1['added_server_p50_ms']:.3f} ms, p99 {c1['added_server_p99_ms']:.3f} ms; "
           f"throughput at 64: gateway {c64['gateway']['req_per_s']} vs baseline {c64['baseline']['req_per_s']} req/s")
     print(f"call {long_['turns']} / call 1: {next(v for k, v in long_.items() if k.endswith('_over_call_1'))}; "

@@ -17,6 +17,7 @@ prefix ends in that response carries the same h_j. Each step costs O(|m_i|), nev
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -35,13 +36,56 @@ def _h(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()[:DIGEST]
 
 
+def _decode_data_url(url: str) -> bytes | None:
+    """The bytes of a `data:` URL (base64 or not); None for another URL. binascii.Error for a
+    base64 payload that does not decode."""
+    if not (url.startswith("data:") and "," in url):
+        return None
+    head, payload = url.split(",", 1)
+    if head.endswith(";base64"):
+        return base64.b64decode(payload)  # not validate=True: line-wrapped base64 decodes, as before
+    return payload.encode("utf-8", "surrogatepass")
+
+
 def _media_digest(url: str) -> str:
-    """Inline media is identified by its decoded bytes, remote media by its URL."""
-    if url.startswith("data:") and "," in url:
-        head, payload = url.split(",", 1)
-        raw = base64.b64decode(payload) if head.endswith(";base64") else payload.encode()
-        return "sha256:" + hashlib.sha256(raw).hexdigest()
-    return url
+    """Inline media is identified by its decoded bytes, remote media by its URL. Never raises:
+    a payload that does not decode (refused at the gateway by `media_part_problem`, but a
+    record may hold one) is identified by its text."""
+    try:
+        raw = _decode_data_url(url)
+    except (binascii.Error, ValueError):
+        raw = url.encode("utf-8", "surrogatepass")
+    return url if raw is None else "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def _part_url(part: Mapping[str, Any]) -> Any:
+    img = part.get("image_url") or {}
+    return img.get("url", "") if isinstance(img, Mapping) else img
+
+
+def media_part_problem(part: Mapping[str, Any]) -> str | None:
+    """What is wrong with an image or audio content part (None: nothing, or not a media part):
+    `image_url`/`input_image` need a URL string (`{"url": ...}` or the string itself) whose
+    `data:...;base64,` payload, if any, decodes; `input_audio` needs `{"data": base64}`."""
+    kind = part.get("type")
+    if kind in ("image_url", "input_image"):
+        url = _part_url(part)
+        if not isinstance(url, str) or not url:
+            return f'an {kind} part needs {{"image_url": {{"url": "https://... or data:image/png;base64,..."}}}}'
+        try:
+            _decode_data_url(url)
+        except (binascii.Error, ValueError) as e:
+            return f"the image's data URL is not valid base64 ({e}): send the file's bytes base64-encoded"
+    elif kind == "input_audio":
+        audio = part.get("input_audio")
+        data = audio.get("data") if isinstance(audio, Mapping) else None
+        if not isinstance(data, str):
+            return 'an input_audio part needs {"input_audio": {"data": "<base64>", "format": "wav"}}'
+        try:
+            base64.b64decode(data)
+        except (binascii.Error, ValueError) as e:
+            return f"the audio data is not valid base64 ({e})"
+    return None
 
 
 def _canonical_part(part: Any) -> Any:
@@ -51,13 +95,13 @@ def _canonical_part(part: Any) -> Any:
     if kind == "text":
         return {"type": "text", "text": part.get("text", "")}
     if kind in ("image_url", "input_image"):
-        img = part.get("image_url") or {}
-        url = img.get("url", "") if isinstance(img, Mapping) else str(img)
-        return {"type": "image", "media": _media_digest(url)}
+        url = _part_url(part)
+        return {"type": "image", "media": _media_digest(url if isinstance(url, str) else str(url))}
     if kind == "input_audio":
         audio = part.get("input_audio") or {}
         data = audio.get("data", "") if isinstance(audio, Mapping) else ""
-        return {"type": "audio", "media": "sha256:" + hashlib.sha256(data.encode()).hexdigest()}
+        data = data if isinstance(data, str) else str(data)
+        return {"type": "audio", "media": "sha256:" + hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()}
     return {k: v for k, v in part.items() if v is not None}
 
 

@@ -15,10 +15,24 @@ Segments are numbered by (root ordinal, leaf ordinal).
 Validity. The rollout is invalid — every row `valid=False` with `mask_reason` — when an assistant
 message of the record matches no call, an ancestor of an accepted leaf is not accepted (the record
 skipped a turn the model took), a call on a chain did not complete, the stored prompt lengths do
-not add up, or the harness finished it with `valid=false`. Its rows are still built and returned.
+not add up, the harness finished it with `valid=false`, or an infrastructure failure hit a call
+the rollout needed (below). Its rows are still built and returned.
+
+Infrastructure failures are never reward 0. A call that did not complete — `failed` (engine error,
+engine timeout, a bad generation), `aborted` (client gone, server restarted mid-call, a response
+that was not delivered) or still `pending` — is an infrastructure failure, except a call the
+engine refused as the request's own fault (its error starts "BadRequest:": the server answered
+the request 400). The rollout *needed* such a call F unless a later call (higher ordinal) of the
+same rollout completed with F's `request_hash` — the same messages, tools and template options:
+the SDK's retry of F or the harness's own retry of that request — and so took its place. A needed
+infrastructure failure makes the rollout invalid (`infra_failure`, naming F and its error)
+whatever its reward: a harness that scored the episode after a 504 scored the infrastructure,
+not the model. A replacement does not have to be accepted by the record: a completed answer to
+the same request means the failure cost the harness nothing but a retry.
 
 Without any assistant message in the record, the rows come from the terminal chain (walk up from
-the last completed call) and `metrics["note"]` says that only part of the rollout was delivered.
+the last completed call; non-completed calls are never trained) and `metrics["note"]` says that
+only part of the rollout was delivered.
 """
 
 from __future__ import annotations
@@ -41,7 +55,25 @@ REASONS = {
     "harness_invalid": "the harness finished the rollout with valid=false",
     "nothing_to_train": "no completed or accepted call",
     "unknown_call_id": "accepted_call_ids names a call that is not a completed call of this rollout",
+    "infra_failure": "a call the rollout needed failed or was aborted (engine error, timeout, abort, "
+                     "undelivered response, server restart) and no later call answered its request",
 }
+
+# the error a failed call carries when the engine refused the request as the caller's fault (400)
+REFUSED_PREFIX = "BadRequest:"
+
+
+def needed_failures(calls: list[Call]) -> list[Call]:
+    """The infrastructure failures the rollout needed (see the module docstring), in ordinal
+    order: calls that did not complete, were not refused as the request's fault, and were not
+    answered by a later completed call with the same request_hash."""
+    last_completed: dict[str, int] = {}
+    for c in calls:
+        if c.status == "completed":
+            last_completed[c.request_hash] = max(last_completed.get(c.request_hash, 0), c.ordinal)
+    return [c for c in calls
+            if c.status != "completed" and not (c.error or "").startswith(REFUSED_PREFIX)
+            and last_completed.get(c.request_hash, 0) <= c.ordinal]
 
 
 @dataclass
@@ -146,6 +178,14 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         )
     if not rollout.valid:
         fail("harness_invalid", "the harness finished the rollout with valid=false")
+    infra = needed_failures(calls)
+    if infra:
+        fail("infra_failure",
+             f"{len(infra)} call(s) the rollout needed did not complete and no later call answered the same "
+             "request: "
+             + ", ".join(f"{c.id} ({c.status}: {c.error or 'no error recorded'})" for c in infra[:3])
+             + (f" (+{len(infra) - 3} more)" if len(infra) > 3 else "")
+             + ": an infrastructure failure is never a reward; retry the request, or drop the rollout")
 
     leaves = sorted(_leaves(accepted, by_id), key=lambda cid: by_id[cid].ordinal)
     chains: list[list[Call]] = []

@@ -29,8 +29,8 @@ def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -
     """An engine of `kind` ("hf" | "scripted" | "vllm" | "sglang") on the model `model_spec`
     ("tiny", "tiny-qwen3", "tiny-llama3" or an HF model directory).
 
-    Local engines take `dtype`, `threads` (torch intra-op threads, process-wide) and, hf only,
-    `max_batch` (most requests per batch). Server engines take `url` (required: one URL, a
+    Local engines take `dtype`, `threads` (torch intra-op threads, process-wide), hf only
+    `max_batch` (most requests per batch) and, scripted only, `workers` (forward passes at once). Server engines take `url` (required: one URL, a
     comma-separated list or a list; a rollout's calls stay on one server), `timeout` (seconds per
     request), `api_key`, `sync_dir` (a folder the servers can read, for `update_weights` with a
     state dict), `served_model` (the model name the server was started with; default: the one it serves), `stream` (read the
@@ -42,7 +42,7 @@ def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -
         return _remote_engine(kind, model_spec, device=device, **kw)
     from rowgrove.model.load import load_model
 
-    allowed = {"hf": {"threads", "max_batch"}, "scripted": {"threads"}}
+    allowed = {"hf": {"threads", "max_batch"}, "scripted": {"threads", "workers"}}
     if kind not in allowed:
         raise InputError(f"unknown engine {kind!r}: use hf, scripted, vllm or sglang")
     unknown = sorted(set(kw) - allowed[kind] - {"dtype"})

@@ -10,11 +10,13 @@ gateway stores these ids and never re-encodes their text.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rowgrove.errors import InputError
+from rowgrove.errors import EngineError, InputError
 
 if TYPE_CHECKING:
     import torch
@@ -113,6 +115,45 @@ def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
     if bad:
         raise InputError(f"prompt_ids hold {len(bad)} ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
     return ids
+
+
+def _is_id(t: Any, vocab_size: int) -> bool:
+    if type(t) is int:  # the usual case, checked first
+        return 0 <= t < vocab_size
+    return isinstance(t, Integral) and not isinstance(t, bool) and 0 <= t < vocab_size
+
+
+def _is_logprob(x: Any) -> bool:
+    if type(x) is not float:
+        if isinstance(x, bool) or not isinstance(x, Real):
+            return False
+        x = float(x)
+    return math.isfinite(x) and x <= 1e-3
+
+
+def check_generation(gen: Generation, vocab_size: int, where: str, *, versions: bool = True) -> None:
+    """EngineError unless every id is an int in the vocabulary [0, vocab_size), there is one
+    finite logprob <= 0 (a little rounding above 0 allowed) and, when given (and `versions`), one
+    weight version per id, and the finish reason is "stop" or "length": a reply that breaks this
+    is an engine fault, never a stored call. The gateway runs it on every engine's answer before
+    storing it (and checks the versions itself, `sessions.call_weight_versions`)."""
+    n = len(gen.token_ids)
+    bad = [t for t in gen.token_ids if not _is_id(t, vocab_size)]
+    if bad:
+        raise EngineError(f"{where} returned {len(bad)} token ids outside the vocabulary [0, {vocab_size}): "
+                          f"{bad[:5]}: is it serving another model?")
+    if len(gen.logprobs) != n:
+        raise EngineError(f"{where} returned {n} token ids but {len(gen.logprobs)} logprobs: "
+                          "an engine fault, the call is not stored")
+    wrong = [x for x in gen.logprobs if not _is_logprob(x)]
+    if wrong:
+        raise EngineError(f"{where} returned {len(wrong)} logprobs that are not a number <= 0 (NaN, "
+                          f"infinite or positive: {wrong[:3]}): an engine fault, the call is not stored")
+    if versions and gen.weight_versions is not None and len(gen.weight_versions) != n:
+        raise EngineError(f"{where} returned {n} token ids but {len(gen.weight_versions)} weight versions")
+    if gen.finish_reason not in ("stop", "length"):
+        raise EngineError(f"{where} ended the request with finish reason {gen.finish_reason!r}: "
+                          "retry the call")
 
 
 def top_k_pairs(logp_V: torch.Tensor, k: int) -> list[tuple[int, float]]:

@@ -38,7 +38,8 @@ from typing import Any
 import aiohttp
 import httpx
 
-from rowgrove.engines.base import Generation, SamplingParams, check_prompt
+# check_generation lives in rowgrove.engines.base (every engine's answer is checked); kept importable here
+from rowgrove.engines.base import Generation, SamplingParams, check_generation, check_prompt
 from rowgrove.engines.http import Reply, ServerClient
 from rowgrove.errors import BadRequest, EngineError, InputError, Unavailable
 
@@ -306,6 +307,13 @@ class RemoteEngine:
         if self.sync_dir is not None and not isinstance(weights, str | Path):
             prune_checkpoints(self.sync_dir, keep=2)
 
+    async def release_loop(self) -> None:
+        """Close the connections of the running event loop (its server is stopping); a later call
+        on another loop opens new ones."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
     async def aclose(self) -> None:
         """Refuse further calls and close the HTTP clients: this loop's here, another running
         loop's on that loop; those of closed loops died with them."""
@@ -335,26 +343,6 @@ class RemoteEngine:
 
     def _reload(self, http: httpx.Client, url: str, folder: Path, version: int) -> None:
         raise NotImplementedError
-
-
-def check_generation(gen: Generation, vocab_size: int, where: str) -> None:
-    """EngineError unless every id is in the vocabulary and there is one logprob and one version
-    per id: a reply that breaks this is an engine fault, never a stored call."""
-    n = len(gen.token_ids)
-    bad = [t for t in gen.token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
-    if bad:
-        raise EngineError(f"{where} returned {len(bad)} token ids outside the vocabulary [0, {vocab_size}): "
-                          f"{bad[:5]}: is it serving another model?")
-    if len(gen.logprobs) != n:
-        raise EngineError(f"{where} returned {n} token ids but {len(gen.logprobs)} logprobs: "
-                          "an engine fault, the call is not stored")
-    if any(not isinstance(x, int | float) or isinstance(x, bool) or x != x or x > 1e-3 for x in gen.logprobs):
-        raise EngineError(f"{where} returned a logprob that is not a number <= 0: an engine fault")
-    if gen.weight_versions is not None and len(gen.weight_versions) != n:
-        raise EngineError(f"{where} returned {n} token ids but {len(gen.weight_versions)} weight versions")
-    if gen.finish_reason not in ("stop", "length"):
-        raise EngineError(f"{where} ended the request with finish reason {gen.finish_reason!r}: "
-                          "retry the call")
 
 
 def server_message(r: httpx.Response) -> str:

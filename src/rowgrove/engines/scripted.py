@@ -8,16 +8,21 @@ ordinal in its rollout). Tokens: the tokenizer's encoding of that text (no speci
 followed by the end-of-turn id unless the text already ends with a stop token (gpt-oss
 `<|call|>`, GLM `<|observation|>`); the engine stops at the first stop token, as a sampler would. max_tokens, stop
 strings and stop ids cut it exactly as a sampler would (a cut by max_tokens has no end-of-turn).
-Model work runs in one worker thread, never on the event loop.
+Model work runs in a few worker threads (`workers`), never on the event loop: one forward pass per
+call. Cancelling a call (a client gone, the gateway's engine timeout) drops its pass if it has not
+started; a pass already running cannot be interrupted (torch), finishes in its worker and is
+thrown away, while the next calls run in the other workers instead of queueing behind it.
 
-Weights: `update_weights(state_dict)` loads into the model in that same worker thread, between
-two forward passes, and bumps `weights_version`; every token of a generation carries the version
-its logprobs were computed under (`Generation.weight_versions`), as with the hf engine.
+Weights: `update_weights(state_dict)` loads into the model between forward passes (it waits for
+the running ones; new ones wait for it) and bumps `weights_version`; every token of a generation
+carries the version its logprobs were computed under (`Generation.weight_versions`), as with the
+hf engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -33,18 +38,25 @@ if TYPE_CHECKING:
 class ScriptedEngine:
     """Engine whose replies are scripted; logprobs are the model's teacher-forced ones.
 
-    `threads`: if set, `torch.set_num_threads(threads)` is called once in the worker thread (note:
-    torch's intra-op pool is process-wide, so this affects the whole process).
+    `threads`: if set, `torch.set_num_threads(threads)` is called once in each worker thread (note:
+    torch's intra-op pool is process-wide, so this affects the whole process). `workers`: forward
+    passes that may run at once (>= 1; a pass that outlives its call holds one until it ends).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, threads: int | None = None):
+    def __init__(self, model: Any, tokenizer: Any, *, threads: int | None = None, workers: int = 4):
+        if workers < 1:
+            raise InputError(f"workers must be >= 1, got {workers}")
         self.model = model
         self.tokenizer = tokenizer
         self.eot_id = end_of_turn_id(tokenizer)
         self.stop_ids = frozenset(stop_token_ids(tokenizer))
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rowgrove-scripted",
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rowgrove-scripted",
                                         initializer=_set_threads, initargs=(threads,))
+        # forward passes share the model; a weight update waits for them and new ones wait for it
+        self._gate = threading.Condition()
+        self._passes = 0
+        self._updating = 0
         self._closed = False
         self.weights_version = 0
 
@@ -87,10 +99,20 @@ class ScriptedEngine:
                           weight_versions=[version] * len(ids))
 
     def _score(self, prompt: list[int], ids: list[int], top_logprobs: int) -> tuple[list[float], Any, int]:
-        """Teacher-forced logprobs and the weight version they were computed under (worker thread:
-        updates run there too, so the version cannot change during the pass)."""
-        lp, tops = teacher_forced_logprobs(self.model, prompt, ids, top_logprobs)
-        return lp, tops, self.weights_version
+        """Teacher-forced logprobs and the weight version they were computed under (a worker
+        thread; no update runs during the pass, so the version cannot change under it)."""
+        with self._gate:
+            while self._updating:
+                self._gate.wait()
+            self._passes += 1
+            version = self.weights_version
+        try:
+            lp, tops = teacher_forced_logprobs(self.model, prompt, ids, top_logprobs)
+        finally:
+            with self._gate:
+                self._passes -= 1
+                self._gate.notify_all()
+        return lp, tops, version
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load `state_dict` (names as in `model.state_dict()`, a subset allowed) into the model
@@ -104,21 +126,30 @@ class ScriptedEngine:
         if self._closed:
             raise EngineError("scripted engine is closed: create a new one")
         try:
-            self._pool.submit(self._apply, state_dict).result()
+            self._apply(state_dict)
         except Exception as e:  # noqa: BLE001 - a failed copy is the engine's
             raise EngineError(f"update_weights failed: {type(e).__name__}: {e}") from e
 
     def _apply(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         import torch
 
-        with torch.no_grad():
-            params = self.model.state_dict()
-            for name, value in state_dict.items():
-                params[name].copy_(value.to(device=params[name].device, dtype=params[name].dtype))
-        self.weights_version += 1
+        with self._gate:
+            self._updating += 1
+            while self._passes:
+                self._gate.wait()
+        try:
+            with torch.no_grad():
+                params = self.model.state_dict()
+                for name, value in state_dict.items():
+                    params[name].copy_(value.to(device=params[name].device, dtype=params[name].dtype))
+            self.weights_version += 1
+        finally:
+            with self._gate:
+                self._updating -= 1
+                self._gate.notify_all()
 
     async def aclose(self) -> None:
-        """Stop the worker thread (waits for the request in progress)."""
+        """Stop the worker threads (waits for the passes in progress)."""
         self._closed = True
         await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
 

@@ -38,7 +38,7 @@ import numpy as np
 import orjson
 
 from rowgrove.errors import BadRequest, RowgroveError
-from rowgrove.hashing import ROLES, chain_start, chain_step, message_hash
+from rowgrove.hashing import ROLES, chain_start, chain_step, media_part_problem, message_hash
 from rowgrove.types import Call
 
 if TYPE_CHECKING:
@@ -444,6 +444,9 @@ def _check_message(messages: Sequence[Any], i: int) -> None:
                 raise _bad(i, f'content[{k}] must be an object with a "type" (e.g. {{"type": "text", "text": ...}})')
             if part["type"] == "text" and not isinstance(part.get("text"), str):
                 raise _bad(i, f"content[{k}] is a text part without a string 'text'")
+            problem = media_part_problem(part)
+            if problem is not None:
+                raise _bad(i, f"content[{k}]: {problem}")
     elif not isinstance(content, str):
         raise _bad(i, f"content must be a string, null or a list of content parts, got {type(content).__name__}")
     for key in ("name", "reasoning_content", "reasoning"):

@@ -1,41 +1,115 @@
-"""Running the gateway under uvicorn: `serve` blocks until Ctrl-C (what `rowgrove serve` calls);
-`make_server` returns a configured `uvicorn.Server` for callers that run it in a thread
-(`rowgrove.gateway.testing`) or in their own event loop.
+"""Running the gateway under uvicorn: `serve` blocks until Ctrl-C or SIGTERM (what `rowgrove
+serve` calls); `make_server` returns a configured `uvicorn.Server` for callers that run it in a
+thread (`rowgrove.gateway.testing`) or in their own event loop.
+
+Shutdown on SIGTERM (`GatewayServer.drain`): the socket stays open while the calls in flight
+finish; meanwhile new calls (and new rollouts) get 503 with Retry-After and /health says
+"closing". Once no generation is in flight (or after `engine_timeout` + 5 s), uvicorn closes the
+socket and gives responses still being written a few seconds. A second SIGTERM, or SIGINT
+(Ctrl-C), shuts down at once (in-flight calls get those few seconds only).
+
+Addresses: uvicorn's proxy-header rewriting is off (`proxy_headers=False`), so `request.client`
+is the socket peer; the gateway itself believes X-Forwarded-For only from the peers in
+`GatewaySettings.trusted_proxies`. Once the socket is bound, `gateway.public_url` (the base of
+every base_url) is set from the bound host and port unless `GatewaySettings.public_url` gave one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
+import socket
 import threading
+import time
 from types import FrameType
 
 import uvicorn
 
 from rowgrove.engines.base import Engine
 from rowgrove.gateway.app import create_app
-from rowgrove.gateway.sessions import GatewaySettings
+from rowgrove.gateway.sessions import Gateway, GatewaySettings
 from rowgrove.ledger import Ledger
+
+log = logging.getLogger("rowgrove.gateway")
+
+_WILDCARD = ("", "0.0.0.0", "::", "[::]")
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server with the gateway's shutdown (drain on SIGTERM) and public address."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway):
+        super().__init__(config)
+        self.gateway = gateway
+        self.draining = False
+        self._drain_deadline = 0.0
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        gw = self.gateway
+        if gw.public_url is None and self.started:
+            url = bound_url(self.config.host, self.servers)
+            if url is not None:
+                gw.public_url = url
+
+    def drain(self) -> None:
+        """Stop taking new calls (503 with Retry-After) and exit once the calls in flight are
+        done; callable from any thread."""
+        if self.draining or self.should_exit:
+            return
+        self.draining = True
+        self.gateway.closing = True
+        self._drain_deadline = time.monotonic() + self.gateway.settings.engine_timeout + 5.0
+        log.info("SIGTERM: draining %d call(s) in flight; new calls get 503", self.gateway.in_flight)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self.draining and not self.should_exit:
+            self._captured_signals.append(sig)  # re-raised after shutdown, as uvicorn does
+            self.drain()
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        if self.draining and (self.gateway.in_flight == 0 or time.monotonic() > self._drain_deadline):
+            self.should_exit = True
+            return True
+        return False
+
+
+def bound_url(host: str, servers: list[asyncio.base_events.Server]) -> str | None:
+    """http://HOST:PORT of the first bound socket; None when bound to a wildcard address (then
+    each base_url names the local address the caller's connection reached)."""
+    if host in _WILDCARD or not servers or not servers[0].sockets:
+        return None
+    port = servers[0].sockets[0].getsockname()[1]
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}"
 
 
 def make_server(engine: Engine, ledger: Ledger, *, host: str = "127.0.0.1", port: int = 8000,
                 settings: GatewaySettings | None = None, loop: str = "uvloop",
-                log_level: str = "warning", access_log: bool = False) -> uvicorn.Server:
+                log_level: str = "warning", access_log: bool = False) -> GatewayServer:
     """A uvicorn server (uvloop; httptools when installed, else h11) for the gateway app; not started."""
     app = create_app(engine, ledger, settings=settings)
     config = uvicorn.Config(
         app, host=host, port=port, loop=loop, http="auto", lifespan="on",
         log_level=log_level, access_log=access_log, timeout_keep_alive=30,
         timeout_graceful_shutdown=5, backlog=2048,
+        # request.client is the socket peer: X-Forwarded-For is judged by the gateway, and only
+        # from GatewaySettings.trusted_proxies (uvicorn would believe it from any loopback peer)
+        proxy_headers=False,
     )
-    return uvicorn.Server(config)
+    return GatewayServer(config, app.state.gateway)
 
 
 def serve(engine: Engine, ledger: Ledger, *, host: str = "127.0.0.1", port: int = 8000,
           settings: GatewaySettings | None = None, log_level: str = "info") -> None:
-    """Serve until interrupted; in-flight calls get a graceful few seconds. After SIGTERM it
-    returns normally (so callers close the engine and ledger); after SIGINT KeyboardInterrupt
-    propagates, as usual."""
+    """Serve until interrupted. SIGTERM drains first (see the module docstring) and then returns
+    normally (so callers close the engine and ledger); after SIGINT KeyboardInterrupt propagates,
+    as usual."""
     server = make_server(engine, ledger, host=host, port=port, settings=settings,
                          log_level=log_level, access_log=log_level == "debug")
     logging.getLogger("rowgrove").info("gateway on http://%s:%d, ledger %s", host, port, ledger.path)

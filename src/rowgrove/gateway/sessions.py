@@ -8,7 +8,11 @@ Ordering promises kept here:
 - a call is written `pending` before the engine is asked, and `completed` (or `failed`/`aborted`)
   before its answer is returned, so no response reaches a harness without its committed call;
 - an SDK retry (`x-stainless-retry-count` > 0, same body) gets the original call's response and
-  is never generated or recorded twice.
+  is never generated or recorded twice;
+- every engine's answer is checked (`check_generation`) before it is stored: a bad one is a
+  failed call and a 502;
+- a completed call whose answer did not reach the client is moved to aborted (`undelivered`,
+  called by the HTTP layer), so it is never trained and never a parent.
 
 Concurrency: everything here runs on the server's one event loop. The per-rollout index is read
 and updated only between awaits, so concurrent calls of one rollout each see a consistent index
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import secrets
 import time
 from collections.abc import Mapping
@@ -28,8 +33,17 @@ from typing import Any
 
 import numpy as np
 
-from rowgrove.engines.base import Engine
-from rowgrove.errors import AuthError, BadRequest, Conflict, EngineError, Overloaded, Unavailable
+from rowgrove.engines.base import Engine, check_generation
+from rowgrove.errors import (
+    AuthError,
+    BadRequest,
+    Conflict,
+    EngineError,
+    InputError,
+    Overloaded,
+    RowgroveError,
+    Unavailable,
+)
 from rowgrove.gateway.decide import (
     Decision,
     RolloutIndex,
@@ -44,17 +58,23 @@ from rowgrove.gateway.openai_format import (
     completion_body,
     logprobs_content,
 )
+from rowgrove.gateway.metrics import GatewayMetrics, call_kind
 from rowgrove.gateway.render import Renderer
 from rowgrove.ledger import Ledger
 from rowgrove.parsers import detect_reasoning_parser, detect_tool_parser, parse_output, tool_call_id_style
 from rowgrove.types import Call, Rollout
 
 MiB = 1 << 20
+MAX_JSON_DEPTH = 200  # the most `max_json_depth` may be: stored JSON (orjson) nests at most 254 deep
+
+log = logging.getLogger("rowgrove.gateway")
 
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    """How the gateway serves; `rowgrove serve` fills it from its flags."""
+    """How the gateway serves; `rowgrove serve` fills it from its flags. InputError for a value
+    that cannot work (a limit below 1, a public URL that is not http(s), a trusted proxy that is
+    not an address or network)."""
 
     admin_key: str | None = None       # when set, control routes need it (or the rollout's own key)
     max_body_bytes: int = 32 * MiB     # larger request bodies get 413
@@ -64,10 +84,66 @@ class GatewaySettings:
     default_max_tokens: int = 1024     # max_tokens when the request names none
     tool_parser: str | None = None     # how sampled tool calls are read (vLLM's names); None: from the template
     reasoning_parser: str | None = None  # how sampled reasoning is split off; None: from the template
+    max_json_depth: int = 64           # request JSON nested deeper gets 400 before anything else
+    body_timeout: float = 30.0         # seconds a request body may take to arrive; beyond: 408
+    max_open_uploads: int = 256        # most requests whose body is still being read; beyond: 503
+    public_url: str | None = None      # base of every base_url; None: http://{bound host}:{port}
+    trusted_proxies: tuple[str, ...] = ()  # peers (addresses or networks) whose X-Forwarded-For is believed
+    model_name: str | None = None      # the model GET /v1/models lists; None: the engine's, else "rowgrove"
+    gc_freeze: bool = True             # freeze start-up objects out of the collector (tail latency, see app.py)
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_queue", "max_open_uploads", "default_max_tokens"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if not 1 <= self.max_json_depth <= MAX_JSON_DEPTH:
+            raise InputError(f"{_flag('max_json_depth')} must be in [1, {MAX_JSON_DEPTH}], got {self.max_json_depth}")
+        for name in ("engine_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"{_flag(name)} must be a number of seconds > 0, got {getattr(self, name)}")
+        if self.public_url is not None:
+            url = self.public_url
+            if not (url.startswith(("http://", "https://")) and len(url.split("://", 1)[1].strip("/")) > 0):
+                raise InputError(f"{_flag('public_url')} must be an http:// or https:// URL such as "
+                                 f"http://gw.example:8000, got {url!r}")
+        if isinstance(self.trusted_proxies, str):
+            object.__setattr__(self, "trusted_proxies", (self.trusted_proxies,))
+        elif not isinstance(self.trusted_proxies, tuple):
+            object.__setattr__(self, "trusted_proxies", tuple(self.trusted_proxies))
+        for p in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(p, strict=False)
+            except ValueError:
+                raise InputError(f"trusted proxy {p!r} (--trusted-proxy) is not an IP address or network "
+                                 "(e.g. 10.0.0.5 or 10.0.0.0/24)") from None
+
+
+def _flag(name: str) -> str:
+    """A setting's name with the `rowgrove serve` flag that sets it, for error messages."""
+    flag = {"default_max_tokens": "--max-tokens"}.get(name, "--" + name.replace("_", "-"))
+    return f"{name} ({flag})"
 
 
 class BodyTooLarge(BadRequest):
     """The request body is over `max_body_bytes` (413)."""
+
+
+class BodyTimeout(BadRequest):
+    """The request body did not arrive within `body_timeout` seconds (408)."""
+
+
+class TooManyUploads(Unavailable):
+    """`max_open_uploads` requests are already sending their bodies (503 with Retry-After)."""
+
+
+@dataclass
+class Completion:
+    """What `Gateway.complete` answers: the `chat.completion` body, its call id, and whether this
+    request generated it (False: an SDK retry answered with the original call's response)."""
+
+    body: dict[str, Any]
+    call_id: str
+    generated: bool
 
 
 @dataclass
@@ -146,9 +222,19 @@ class Gateway:
         self.tool_parser, self.reasoning_parser = choose_parsers(self.tokenizer.chat_template, self.settings)
         self.tool_call_ids = tool_call_id_style(self.tokenizer.chat_template)
         self.token_text = TokenText(self.tokenizer)
+        self.vocab_size = int(getattr(engine, "vocab_size", None) or len(self.tokenizer))
         self.sessions: dict[str, RolloutSession] = {}
         self.in_flight = 0
+        self.open_uploads = 0
         self.closing = False
+        # the base of every base_url: the configured public address, else set by the server once
+        # it has bound its socket (`rowgrove.gateway.server`); never taken from request headers
+        self.public_url: str | None = self.settings.public_url.rstrip("/") if self.settings.public_url else None
+        self.model_name: str = (self.settings.model_name or getattr(engine, "served_model", None)
+                                or getattr(engine, "model_name", None) or "rowgrove")
+        self._proxies = tuple(ipaddress.ip_network(p, strict=False) for p in self.settings.trusted_proxies)
+        self.metrics = GatewayMetrics(in_flight=lambda: self.in_flight, open_uploads=lambda: self.open_uploads,
+                                      queue_capacity=self.settings.max_queue, rollouts=ledger.count)
 
     # -- rollouts and keys ------------------------------------------------------------------
 
@@ -157,6 +243,10 @@ class Gateway:
         return self.ledger.abort_pending()
 
     def create_rollout(self, group_id: str, metadata: Mapping[str, Any] | None) -> Rollout:
+        """A new rollout; Unavailable (503) while the server is shutting down."""
+        if self.closing:
+            raise Unavailable("the gateway is shutting down: create the rollout on a running server",
+                              self.settings.retry_after)
         ro = self.ledger.create_rollout(group_id, dict(metadata or {}))
         self.sessions[ro.id] = RolloutSession(ro.id, ro.group_id, ro.api_key, finished=False)
         return ro
@@ -196,6 +286,30 @@ class Gateway:
             "rowgrove serve with --admin-key and send it as Bearer token"
         )
 
+    def client_host(self, peer: str | None, forwarded_for: str | None) -> str | None:
+        """The address to authorize a control route by: the socket peer, unless the peer is a
+        trusted proxy (`trusted_proxies`); then the nearest X-Forwarded-For hop that is not a
+        trusted proxy (the leftmost when all are), or None when the proxy sent no such header."""
+        if not self._proxies or not self._trusted(peer):
+            return peer
+        hops = [h.strip().strip("[]") for h in (forwarded_for or "").split(",") if h.strip()]
+        if not hops:
+            return None
+        for hop in reversed(hops):
+            if not self._trusted(hop):
+                return hop
+        return hops[0]
+
+    def _trusted(self, host: str | None) -> bool:
+        if not host:
+            return False
+        try:
+            addr = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        mapped = getattr(addr, "ipv4_mapped", None)
+        return any(addr in net or (mapped is not None and mapped in net) for net in self._proxies)
+
     def _index(self, session: RolloutSession) -> RolloutIndex:
         if session.index is None:
             session.index = RolloutIndex.from_calls(self.ledger.calls(session.rollout_id))
@@ -219,11 +333,18 @@ class Gateway:
 
     async def chat(self, session: RolloutSession, req: ChatRequest, *, key: str,
                    retry: bool) -> dict[str, Any]:
-        """Serve one chat completion: the `chat.completion` body, committed before it is returned.
+        """Serve one chat completion: the `chat.completion` body, committed before it is returned
+        (`complete` without the delivery details)."""
+        return (await self.complete(session, req, key=key, retry=retry)).body
 
-        Raises BadRequest/Conflict/Overloaded before any ledger write; EngineError (call marked
-        failed) when the engine fails or times out. Cancelling the task (client gone) marks the
-        call aborted and cancels the engine request.
+    async def complete(self, session: RolloutSession, req: ChatRequest, *, key: str,
+                       retry: bool) -> Completion:
+        """Serve one chat completion, committed before it is returned.
+
+        Raises BadRequest/Conflict/Overloaded/Unavailable before any ledger write; EngineError
+        (call marked failed) when the engine fails, times out (the engine request is cancelled)
+        or answers something that is not a generation (`check_generation`). Cancelling the task
+        (client gone) marks the call aborted and cancels the engine request.
         """
         if session.finished:
             raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
@@ -235,7 +356,7 @@ class Gateway:
             # was validated then; the answer is the original's, so nothing is decided or written
             original = await self.replay(session, key)
             if original is not None:
-                return original
+                return Completion(original, str(original.get("id", "")), generated=False)
             if session.finished:
                 raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
         plan = decide(self._index(session), req.messages, self.renderer, tools=req.tools,
@@ -259,19 +380,42 @@ class Gateway:
         fut.add_done_callback(_consume_exception)
         session.inflight[key] = fut
         self.in_flight += 1
+        kind = call_kind(plan.parent_id, plan.drift)
+        status = "aborted"
         try:
             body = await self._generate_and_commit(session, req, call, plan)
+            status = "completed"
         except BaseException as e:
+            if isinstance(e, Exception) and not isinstance(e, asyncio.CancelledError):
+                status = "failed"
             if not fut.done():
                 fut.set_exception(e if isinstance(e, Exception) else EngineError("call was cancelled"))
             raise
         else:
             fut.set_result(body)
-            return body
+            return Completion(body, call.id, generated=True)
         finally:
             self.in_flight -= 1
+            self.metrics.call_ended(status, kind)
             if session.inflight.get(key) is fut:
                 del session.inflight[key]
+
+    def undelivered(self, session: RolloutSession, call_id: str, why: str) -> bool:
+        """Record that the response of completed call `call_id` did not reach the client in full:
+        the ledger moves it to aborted (never trained, never a parent). True when it changed."""
+        changed = self.ledger.mark_undelivered(call_id, why)
+        if changed:
+            log.warning("call %s of rollout %s was not delivered: %s", call_id, session.rollout_id, why)
+            kind = "root"
+            if session.index is not None and call_id in session.index:
+                session.index = None  # rebuilt from the ledger, where the call is no longer completed
+            try:
+                c = self.ledger.get_call(call_id)
+                kind = call_kind(c.parent_id, c.history_drift)
+            except RowgroveError:
+                pass
+            self.metrics.call_ended("undelivered", kind)
+        return changed
 
     async def _generate_and_commit(self, session: RolloutSession, req: ChatRequest, call: Call,
                                    plan: Decision) -> dict[str, Any]:
@@ -280,7 +424,9 @@ class Gateway:
                  "call_id": call.id}
         # the weights the engine holds as it is asked: every token's version when it reports none
         version_before = getattr(self.engine, "weights_version", 0)
+        t0 = time.perf_counter()
         try:
+            # on timeout wait_for cancels the engine's coroutine: the engine drops the request
             gen = await asyncio.wait_for(
                 self.engine.generate(plan.full_prompt_ids, req.sampling, hints=hints),
                 self.settings.engine_timeout,
@@ -300,6 +446,15 @@ class Gateway:
             if isinstance(e, EngineError | Overloaded | BadRequest):
                 raise
             raise EngineError(f"the engine failed on call {call.id}: {type(e).__name__}: {e}") from e
+        finally:
+            self.metrics.engine_latency.observe(time.perf_counter() - t0)
+        try:
+            check_generation(gen, self.vocab_size, "the engine", versions=False)
+        except EngineError as e:
+            # ids outside the vocabulary, a logprob per id missing, NaN/inf logprobs: a fault of
+            # the engine, never stored as completed and never the caller's (400) fault
+            self.ledger.end_call(call.id, "failed", f"bad generation: {e}")
+            raise EngineError(f"call {call.id}: {e}") from None
         versions, problem = call_weight_versions(gen, version_before)
         if problem is not None:
             self.ledger.end_call(call.id, "failed", f"bad weight versions from the engine: {problem}",
@@ -309,6 +464,12 @@ class Gateway:
         try:
             body, message, finish = self._response(req, call, plan, gen)
             summary, response_hash = summary_hashes(plan, message)
+        except Exception as e:
+            self.ledger.end_call(call.id, "failed", f"could not read the engine's answer: {type(e).__name__}: {e}",
+                                 sampled_ids=gen.token_ids, logprobs=gen.logprobs, weight_versions=versions)
+            raise EngineError(f"could not read the engine's answer to call {call.id}: "
+                              f"{type(e).__name__}: {e}") from e
+        try:
             self.ledger.complete_call(
                 call.id,
                 sampled_ids=gen.token_ids,

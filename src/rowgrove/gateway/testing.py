@@ -41,7 +41,7 @@ class GatewayError(RowgroveError):
 
 
 class GatewayHandle:
-    """A running gateway: its URL, its ledger, and helpers for the control routes."""
+    """A running gateway: its URL, its ledger, its `server`, and helpers for the control routes."""
 
     def __init__(self, *, url: str, ledger: Ledger, gateway: Gateway, engine: Engine,
                  server: Any, thread: threading.Thread, own_engine: bool, admin_key: str | None):
@@ -51,6 +51,7 @@ class GatewayHandle:
         self.gateway = gateway
         self.engine = engine
         self._server = server
+        self.server = server  # the GatewayServer (uvicorn.Server): `.drain()` is what SIGTERM does
         self._thread = thread
         self._own_engine = own_engine
         headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
@@ -120,9 +121,16 @@ def launch_gateway(model: str = "tiny", engine: str | Engine = "scripted", ledge
     """Start a gateway and return its handle once /health answers; call `.close()` when done.
 
     `settings` are `GatewaySettings` fields (admin_key, max_body_bytes, max_queue, engine_timeout,
-    retry_after, default_max_tokens). With `ledger=None` a fresh file in a temporary directory.
+    retry_after, default_max_tokens, max_json_depth, body_timeout, max_open_uploads, public_url,
+    trusted_proxies, model_name). With `ledger=None` a fresh file in a temporary directory; a
+    `durability` setting ("normal" | "full") is the ledger's. base_urls name the bound port
+    unless `public_url` is given.
     """
     own = isinstance(engine, str)
+    durability = settings.pop("durability", "normal")
+    if own:
+        settings.setdefault("model_name", model)
+    cfg = GatewaySettings(**settings)
     if own:
         from rowgrove.engines import make_engine
 
@@ -131,8 +139,7 @@ def launch_gateway(model: str = "tiny", engine: str | Engine = "scripted", ledge
         engine_obj = engine
     if ledger is None:
         ledger = Path(tempfile.mkdtemp(prefix="rowgrove-gw-")) / "ledger.db"
-    led = Ledger(ledger)
-    cfg = GatewaySettings(**settings)
+    led = Ledger(ledger, durability=durability)
     server = make_server(engine_obj, led, host="127.0.0.1", port=0, settings=cfg, loop=loop)
     failure: list[BaseException] = []
 

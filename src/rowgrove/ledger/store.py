@@ -6,7 +6,9 @@ continuation stores only the part it added after its parent's sampled tokens, so
 rollout stores each token about once.
 
 A call is written as `pending` before the engine is asked and completed, failed or aborted after;
-the gateway answers the harness only after the completion is committed. Nothing is deleted.
+the gateway answers the harness only after the completion is committed, and moves a completed call
+to aborted when its response did not reach the client in full (`mark_undelivered`). Nothing is
+deleted. `durability` chooses SQLite's `synchronous` (see `_synchronous`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from rowgrove.errors import Conflict, InputError, NotFound
 from rowgrove.types import Call, Rollout
 
 SCHEMA_VERSION = 3  # 2: calls.history_drift; 3: calls.weight_versions (older ledgers are migrated on open)
+# how the error of a call that completed but whose response did not reach the client begins
+UNDELIVERED = "not delivered to the client"
 
 # columns later versions added to `calls`, with the DDL that adds them and the value an older
 # ledger's calls read as: every call such a ledger holds predates what the column records
@@ -170,6 +174,74 @@ def _rollout_from_row(r: tuple) -> Rollout:
     )
 
 
+def _not_a_ledger(path: Path, why: str, readonly: bool) -> InputError:
+    fix = ("pass the ledger file `rowgrove serve --ledger` wrote" if readonly
+           else "pass a ledger that `rowgrove serve --ledger` wrote, or a new path to start a new one")
+    return InputError(f"{path} is not a rowgrove ledger ({why}): {fix}")
+
+
+def _cannot_open(path: Path, e: Exception, readonly: bool) -> InputError:
+    why = getattr(e, "strerror", None) or str(e)
+    return InputError(f"cannot open ledger {path} ({why}): pass a path you can read"
+                      + ("" if readonly else " and write"))
+
+
+def _open_ledger_db(path: Path, readonly: bool) -> sqlite3.Connection:
+    """A connection to the ledger at `path`, checked to be one before anything is written: a new
+    path, or an existing empty file, is a new ledger (writable opens only); a directory, a file
+    that is not SQLite and an SQLite database without rowgrove's `meta` table are refused with
+    InputError (NotFound for a read-only open of a missing path)."""
+    from urllib.parse import quote
+
+    if path.is_dir():
+        raise _not_a_ledger(path, "it is a directory", readonly)
+    try:
+        if readonly:
+            if not path.exists():
+                raise NotFound(f"ledger {path} does not exist: pass the file `rowgrove serve --ledger` wrote")
+            uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+            db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    except (OSError, sqlite3.Error) as e:
+        raise _cannot_open(path, e, readonly) from None
+    try:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables and readonly:
+            empty = path.stat().st_size == 0
+            raise _not_a_ledger(path, "it is empty" if empty else "an SQLite database with no tables", readonly)
+        if tables and "meta" not in tables:
+            raise _not_a_ledger(path, "an SQLite database without rowgrove's tables", readonly)
+        if tables and db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() is None:
+            raise _not_a_ledger(path, "its meta table has no schema_version", readonly)
+    except sqlite3.DatabaseError as e:
+        db.close()
+        if "not a database" in str(e):
+            raise _not_a_ledger(path, "not an SQLite database", readonly) from None
+        if "unable to open" in str(e):
+            raise _cannot_open(path, e, readonly) from None
+        raise _not_a_ledger(path, f"SQLite: {e}", readonly) from None
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+DURABILITY = {"normal": "NORMAL", "full": "FULL"}
+
+
+def _synchronous(durability: str) -> str:
+    """SQLite's `synchronous` for a `Ledger(durability=...)`. In WAL mode "normal" (NORMAL) loses
+    no committed call when the process dies (kill -9 included): the WAL reaches the OS at every
+    commit; a power loss or OS crash may lose the last commits (never corrupting the file).
+    "full" (FULL) syncs the WAL to disk at every commit, so a commit also survives a power loss,
+    at about 4x the commit cost (measured 72 vs 273 µs per call)."""
+    if durability not in DURABILITY:
+        raise InputError(f"durability must be one of {', '.join(DURABILITY)}, got {durability!r}")
+    return DURABILITY[durability]
+
+
 class Ledger:
     """One SQLite file holding rollouts and their calls. Safe to share between threads.
 
@@ -177,18 +249,15 @@ class Ledger:
     reads it as it is, the columns it lacks reading as their defaults. `call_table_columns` names
     the columns the file's calls table has."""
 
-    def __init__(self, path: str | Path, *, readonly: bool = False):
+    def __init__(self, path: str | Path, *, readonly: bool = False, durability: str = "normal"):
+        synchronous = _synchronous(durability)  # InputError before anything is opened
         self.path = str(path)
-        if readonly:
-            if not Path(self.path).exists():
-                raise NotFound(f"ledger {self.path} does not exist: pass the file `rowgrove serve --ledger` wrote")
-            uri = f"file:{Path(self.path).resolve()}?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        else:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        # refuses (InputError, connection closed) a directory, a file that is not SQLite and an
+        # SQLite file without rowgrove's tables, before anything is written to it
+        self._db = _open_ledger_db(Path(self.path), readonly)
+        if not readonly:
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(SCHEMA)
             self._db.execute(
@@ -417,6 +486,18 @@ class Ledger:
                 (reason, time.time()),
             )
         return cur.rowcount
+
+    def mark_undelivered(self, call_id: str, why: str) -> bool:
+        """Move a completed call whose response did not reach the client in full (a stream cut, a
+        connection closed before the body was sent) to `aborted`, with an error that says so and
+        why; its sampled ids, logprobs and response stay for inspection. Such a call is never
+        trained and is never a parent. Returns False (nothing changed) unless it was completed."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE calls SET status='aborted', error=? WHERE id=? AND status='completed'",
+                (f"{UNDELIVERED}: {why}", call_id),
+            )
+        return cur.rowcount == 1
 
     def get_call(self, call_id: str) -> Call:
         with self._lock:
