@@ -31,6 +31,7 @@ class Reply:
         self.headers = resp.headers
         self.reason_phrase = resp.reason or ""
         self._body: bytes | None = None
+        self.done = False
 
     async def aread(self) -> bytes:
         if self._body is None:
@@ -49,6 +50,19 @@ class Reply:
                 yield line.rstrip(b"\r").decode()
         if buf:
             yield buf.rstrip(b"\r").decode()
+
+    async def sse_data(self) -> AsyncIterator[bytes]:
+        """The `data:` payloads of a server-sent event stream, up to `data: [DONE]` (not
+        yielded); `self.done` tells whether that terminator came."""
+        self.done = False
+        async for line in self.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                self.done = True
+                return
+            yield data.encode()
 
     @property
     def text(self) -> str:

@@ -144,14 +144,9 @@ class SGLangEngine(RemoteEngine):
                     data = data[0]
                 reply.add(data)
             else:
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        reply.done = True
-                        break
-                    reply.add(_json(data.encode(), url))
+                async for data in r.sse_data():
+                    reply.add(_json(data, url))
+                reply.done = r.done
         return reply.result(streamed=self.stream)
 
     async def _abort(self, client: ServerClient, url: str, rid: str) -> None:

@@ -96,14 +96,9 @@ class VLLMEngine(RemoteEngine):
             if not self.stream:
                 acc.add(_json(await r.aread(), url))
             else:
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        acc.done = True
-                        break
-                    acc.add(_json(data.encode(), url))
+                async for data in r.sse_data():
+                    acc.add(_json(data, url))
+                acc.done = r.done
         return acc.result(url, rid, streamed=self.stream)
 
     async def _abort(self, client: ServerClient, url: str, rid: str) -> None:
