@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from abc import ABC, abstractmethod
 import shutil
 import uuid
 from collections import OrderedDict
@@ -93,7 +94,7 @@ def model_vocab_size(folder: Path, tokenizer: Any) -> int:
     return size
 
 
-class RemoteEngine:
+class RemoteEngine(ABC):
     """The shared half of a server-backed engine; `VLLMEngine` and `SGLangEngine` add the wire
     format (`_generate`, `_abort`, `_probe`, `_reload`). See the module docstring."""
 
@@ -331,18 +332,21 @@ class RemoteEngine:
 
     # ---- the wire format (subclasses) -----------------------------------------------------
 
+    @abstractmethod
     async def _generate(self, client: ServerClient, url: str, prompt: list[int],
                         sampling: SamplingParams, rid: str) -> Generation:
-        raise NotImplementedError
+        """One request to the server at `url`, read into a Generation."""
 
     async def _abort(self, client: ServerClient, url: str, rid: str) -> None:
         """Tell the server to stop request `rid` (closing the connection may be enough)."""
 
+    @abstractmethod
     def _probe(self, http: httpx.Client, url: str) -> list[str]:
-        raise NotImplementedError
+        """What makes the server at `url` unfit for this model folder ([] when nothing)."""
 
+    @abstractmethod
     def _reload(self, http: httpx.Client, url: str, folder: Path, version: int) -> None:
-        raise NotImplementedError
+        """Make the server at `url` load the checkpoint in `folder` as weight version `version`."""
 
 
 def server_message(r: httpx.Response) -> str:
