@@ -23,6 +23,7 @@ SQLite transactions made directly on the loop (well under a millisecond each in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import secrets
@@ -222,6 +223,7 @@ class Gateway:
         self.tool_parser, self.reasoning_parser = choose_parsers(self.tokenizer.chat_template, self.settings)
         self.tool_call_ids = tool_call_id_style(self.tokenizer.chat_template)
         self.token_text = TokenText(self.tokenizer)
+        self.max_context = model_context_length(self.tokenizer, engine)
         self.vocab_size = int(getattr(engine, "vocab_size", None) or len(self.tokenizer))
         self.sessions: dict[str, RolloutSession] = {}
         self.in_flight = 0
@@ -317,6 +319,21 @@ class Gateway:
 
     # -- one call ---------------------------------------------------------------------------
 
+    def _fit_context(self, req: ChatRequest, prompt_len: int) -> ChatRequest:
+        """The request with max_tokens capped to the room left in the model's context; BadRequest
+        (code context_length_exceeded) when the prompt alone fills it. Without this a prompt of
+        millions of tokens would tie up an engine worker."""
+        if self.max_context is None:
+            return req
+        room = self.max_context - prompt_len
+        if room < 1:
+            raise BadRequest(
+                f"the rendered prompt has {prompt_len} tokens and the model's context is {self.max_context}: "
+                "shorten the conversation (compact it) and retry", param="messages", code="context_length_exceeded")
+        if req.sampling.max_tokens <= room:
+            return req
+        return dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=room))
+
     async def replay(self, session: RolloutSession, key: str) -> dict[str, Any] | None:
         """The original response for an SDK retry of the request with this key, or None when
         there is none to give (never sent, or the original failed): then generate anew."""
@@ -361,6 +378,7 @@ class Gateway:
                 raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
         plan = decide(self._index(session), req.messages, self.renderer, tools=req.tools,
                       options=req.chat_template_kwargs)
+        req = self._fit_context(req, len(plan.full_prompt_ids))
         if self.in_flight >= self.settings.max_queue:
             raise Overloaded(
                 f"{self.in_flight} generations in flight (max_queue {self.settings.max_queue}): retry "
@@ -627,6 +645,32 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [_jsonable(v) for v in x]
     return x
+
+
+def model_context_length(tokenizer: Any, engine: Any) -> int | None:
+    """The most tokens the model attends to: the engine's `max_context` when it has one, else
+    `max_position_embeddings` (or `max_seq_len`, `n_positions`) of the model folder's config.json;
+    None when unknown (no cap)."""
+    given = getattr(engine, "max_context", None)
+    if isinstance(given, int) and given > 0:
+        return given
+    import json
+    from pathlib import Path
+
+    folder = getattr(engine, "model_path", None) or getattr(tokenizer, "name_or_path", None)
+    path = Path(str(folder)) / "config.json" if folder else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None, cfg):
+        for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+            v = c.get(key) if c else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return None
 
 
 def _consume_exception(fut: asyncio.Future) -> None:
