@@ -436,17 +436,22 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
     @asynccontextmanager
     async def lifespan(app: Starlette):
         gw.start()
+        thresholds = gc.get_threshold()
         if gw.settings.gc_freeze:
             # torch, transformers and the tokenizer leave ~340k long-lived objects behind; a full
             # collection walks them all (150-180 ms, the p99 at 64 rollouts). Frozen, it skips them.
             gc.collect()
             gc.freeze()
+            # after a freeze CPython counts almost nothing as long-lived, so full collections come
+            # far more often; a larger young generation keeps their number (and cost) down
+            gc.set_threshold(max(gc.get_threshold()[0], 50_000), 20, 20)
         try:
             yield
         finally:
             gw.closing = True
             if gw.settings.gc_freeze:
                 gc.unfreeze()
+                gc.set_threshold(*thresholds)
             release = getattr(gw.engine, "release_loop", None)
             if release is not None:  # a server engine's connections belong to this loop
                 await release()
