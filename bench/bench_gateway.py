@@ -126,10 +126,14 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, kind: str, ledger: str):
+    """A server in a child process of `script` (default this file): `script --serve KIND PORT
+    ARGS...`, returned once its port accepts connections."""
+
+    def __init__(self, kind: str, *args: str, script: str = __file__):
         self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", kind, str(self.port), ledger],
+            [sys.executable, script, "--serve", kind, str(self.port), *args],
             env=dict(os.environ, OMP_NUM_THREADS="1"),
         )
         deadline = time.monotonic() + 120

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 
 HERE = Path(__file__).resolve().parent
@@ -101,32 +100,6 @@ def run_gateway(port: int, engine_url: str, ledger: str) -> None:
                 backlog=4096)
 
 
-class Proc:
-    """A server in a child process of this script (`--serve KIND PORT ...`)."""
-
-    def __init__(self, *args: str):
-        import socket
-        import subprocess
-
-        self.port = bg._free_port()
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", args[0], str(self.port), *args[1:]],
-                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{args[0]} did not start") from None
-                time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 async def replay(port: int, sequences: list[list[bytes]], concurrency: int) -> tuple[list[float], float]:
     """Post each sequence's bodies in order on one connection; (latencies in ms, wall seconds)."""
     lat: list[float] = []
@@ -153,9 +126,9 @@ def added_latency(concurrency: int, rollouts: int, turns: int, tmp: str) -> dict
     import httpx
     import uvloop
 
-    standin = Proc("standin")
+    standin = bg.Server("standin", script=__file__)
     try:
-        gateway = Proc("gateway", standin.url, f"{tmp}/remote-{concurrency}.db")
+        gateway = bg.Server("gateway", standin.url, f"{tmp}/remote-{concurrency}.db", script=__file__)
         try:
             async def through_gateway(port: int) -> dict:
                 await bg.drive(port, min(rollouts, concurrency), concurrency, 2)  # warm-up
@@ -210,7 +183,7 @@ def upstream_clients(requests: int, concurrency: int = 64) -> dict[str, Any]:
     body = orjson.dumps({"model": "tiny", "prompt": list(range(1, 200)), "max_tokens": 4,
                          "return_token_ids": True, "logprobs": 0, "stream": False})
     headers = {"content-type": "application/json"}
-    standin = Proc("standin")
+    standin = bg.Server("standin", script=__file__)
     url = f"{standin.url}/v1/completions"
 
     async def with_httpx() -> float:
