@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-json-depth", type=int, default=64,
                    help="request JSON nested deeper than this gets 400 (default 64, at most 200)")
     p.add_argument("--body-timeout", type=float, default=30.0,
-                   help="seconds a request body may take to arrive; slower gets 408 (default 30)")
+                   help="seconds a request's headers, and then its body, may take to arrive; slower gets 408 "
+                        "(default 30)")
     p.add_argument("--max-open-uploads", type=int, default=256,
                    help="most requests whose body is still arriving; more get 503 (default 256)")
     p.add_argument("--public-url", default=None, metavar="URL",

@@ -28,6 +28,7 @@ import uvicorn
 
 from rowgrove.engines.base import Engine
 from rowgrove.gateway.app import create_app
+from rowgrove.gateway.protocol import protocol_class
 from rowgrove.gateway.sessions import Gateway, GatewaySettings
 from rowgrove.ledger import Ledger
 
@@ -92,10 +93,12 @@ def bound_url(host: str, servers: list[asyncio.base_events.Server]) -> str | Non
 def make_server(engine: Engine, ledger: Ledger, *, host: str = "127.0.0.1", port: int = 8000,
                 settings: GatewaySettings | None = None, loop: str = "uvloop",
                 log_level: str = "warning", access_log: bool = False) -> GatewayServer:
-    """A uvicorn server (uvloop; httptools when installed, else h11) for the gateway app; not started."""
+    """A uvicorn server (uvloop, httptools via `GatewayHttpProtocol`) for the gateway app; not started."""
     app = create_app(engine, ledger, settings=settings)
     config = uvicorn.Config(
-        app, host=host, port=port, loop=loop, http="auto", lifespan="on",
+        app, host=host, port=port, loop=loop, lifespan="on",
+        # unparseable requests get OpenAI's error shape; headers must arrive within body_timeout
+        http=protocol_class(app.state.gateway.settings.body_timeout),
         log_level=log_level, access_log=access_log, timeout_keep_alive=30,
         timeout_graceful_shutdown=5, backlog=2048,
         # request.client is the socket peer: X-Forwarded-For is judged by the gateway, and only

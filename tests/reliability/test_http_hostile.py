@@ -5,6 +5,7 @@ Every refusal is a 4xx in OpenAI's shape and leaves the ledger unchanged."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import sqlite3
@@ -200,20 +201,91 @@ GARBAGE = [
 ]
 
 
+def _split(answer: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return lines[0].encode(), {k.lower(): v for k, v in headers.items()}, body
+
+
 @pytest.mark.parametrize("data", GARBAGE)
-def test_http_garbage_gets_uvicorns_400_and_nothing_else(gw, ro, data, caplog):
-    """What uvicorn (httptools) answers for a request it cannot parse: 400 text/plain "Invalid
-    HTTP request received." and a closed connection. It never reaches the app, so it is not in
-    OpenAI's shape (uvicorn has no hook for that body; documented in docs/gateway.md). What must
-    hold: a 400, no 5xx, nothing in the ledger, and the server goes on serving."""
+def test_http_garbage_is_a_400_in_openai_shape_and_nothing_else(gw, ro, data, caplog):
+    """A request the HTTP parser refuses never reaches a route: the gateway's connection protocol
+    answers 400 in OpenAI's shape (code malformed_http, the parser's reason in the message) and
+    closes the connection. No 5xx, nothing in the ledger, and the server goes on serving."""
     before = dump_ledger(gw.ledger_path)
     with caplog.at_level(logging.ERROR, logger="rowgrove.gateway"):
         answer = _raw(gw, data)
         time.sleep(0.1)
-    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    status, headers, body = _split(answer)
+    assert status.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    assert int(headers["content-length"]) == len(body)
+    err = json.loads(body)["error"]
+    assert err["code"] == "malformed_http" and err["type"] == "invalid_request_error"
+    assert err["message"].startswith("malformed HTTP request (") and "valid HTTP/1.1" in err["message"]
     assert not [r for r in caplog.records if r.name == "rowgrove.gateway"]
     assert dump_ledger(gw.ledger_path) == before
     assert httpx.get(gw.url + "/health").status_code == 200
+
+
+def _header_timeout_gateway(tmp_path, seconds: float):
+    return start_gateway("tiny", engine=TestEngine(scripted_engine("tiny")), ledger=tmp_path / "l.db",
+                         body_timeout=seconds)
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nContent-Le"],
+                         ids=["nothing", "half-a-header"])
+def test_a_connection_that_does_not_finish_its_headers_is_408_and_closed(tmp_path, sent):
+    with _header_timeout_gateway(tmp_path, 0.5) as gw:
+        sock = socket.create_connection(("127.0.0.1", _port(gw)), timeout=10)
+        try:
+            sock.sendall(sent)
+            t0 = time.monotonic()
+            answer = _read_response(sock, timeout=10)
+            waited = time.monotonic() - t0
+        finally:
+            sock.close()
+        status, headers, body = _split(answer)
+        assert status.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert json.loads(body)["error"]["code"] == "request_timeout"
+        assert 0.3 < waited < 8, waited
+        assert httpx.get(gw.url + "/health").status_code == 200
+
+
+def test_slowloris_headers_are_cut_at_the_deadline_not_reset_by_each_byte(tmp_path):
+    with _header_timeout_gateway(tmp_path, 0.6) as gw:
+        sock = socket.create_connection(("127.0.0.1", _port(gw)), timeout=10)
+        try:
+            t0 = time.monotonic()
+            answer = b""
+            for byte in b"GET /health HTTP/1.1\r\nHost: xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx":
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    break
+                time.sleep(0.05)
+                if time.monotonic() - t0 > 5:
+                    break
+            answer = _read_response(sock, timeout=5)
+            waited = time.monotonic() - t0
+        finally:
+            sock.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert waited < 5
+
+
+def test_a_kept_alive_connection_gets_a_fresh_header_deadline_per_request(tmp_path):
+    with _header_timeout_gateway(tmp_path, 0.5) as gw:
+        sock = socket.create_connection(("127.0.0.1", _port(gw)), timeout=10)
+        try:
+            for _ in range(3):  # each request well within its own deadline, 1.2 s in all
+                time.sleep(0.4)
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                sock.settimeout(5)
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        finally:
+            sock.close()
 
 
 def test_broken_chunking_mid_chat_body_is_no_5xx(gw, ro, caplog):
