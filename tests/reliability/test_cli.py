@@ -368,3 +368,86 @@ def test_help_shows_defaults_but_not_secrets(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["rows", "--help"])
     assert "(default: False)" not in capsys.readouterr().out  # flags have no default worth saying
+
+
+# -- a ledger that cannot be written; --out that cannot be ---------------------------------------
+
+
+def _read_only_sqlite(monkeypatch) -> None:
+    """Every writable SQLite open becomes what a read-only file gives a non-root user (the suite
+    runs as root in CI, where chmod alone does not stop writes): SQLite's own
+    "attempt to write a readonly database" at the first write."""
+    import sqlite3
+    from urllib.parse import quote
+
+    import rowgrove.ledger.store as store
+
+    real = sqlite3.connect
+
+    def connect(path, *args, **kwargs):
+        if kwargs.pop("uri", False):
+            return real(path, *args, uri=True, **kwargs)
+        return real(f"file:{quote(str(Path(path).resolve()))}?mode=ro", *args, uri=True, **kwargs)
+
+    monkeypatch.setattr(store.sqlite3, "connect", connect)
+
+
+def _ledger_with_a_rollout(path: Path) -> str:
+    with Ledger(path) as lg:
+        ro = lg.create_rollout("g").id
+        _call(lg, ro, [1, 2], [3])
+        lg.finish_rollout(ro, None, 1.0)
+    return ro
+
+
+def test_serve_on_a_read_only_ledger_is_one_line_before_the_engine_loads(tmp_path, capsys, no_engine, monkeypatch):
+    path = tmp_path / "ledger.db"
+    _ledger_with_a_rollout(path)
+    before = tree(tmp_path)
+    _read_only_sqlite(monkeypatch)
+    assert main(["serve", "--engine", "scripted", "--model", "tiny", "--ledger", str(path), "--port", "0"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"rowgrove serve: cannot write ledger {path} (attempt to write a readonly database)")
+    assert "pass a ledger file you can write" in line
+    after = {k: v for k, v in tree(tmp_path).items() if not k.endswith(("-shm", "-wal"))}
+    assert after == before  # the ledger untouched (SQLite's side files come and go with a reader)
+
+
+def test_rows_and_show_read_a_read_only_ledger(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "ledger.db"
+    ro = _ledger_with_a_rollout(path)
+    _read_only_sqlite(monkeypatch)
+    out = tmp_path / "rows.jsonl"
+    assert main(["rows", "--ledger", str(path), "--out", str(out), "--quiet"]) == 0
+    assert [json.loads(x)["rollout_id"] for x in out.read_text().splitlines()] == [ro]
+    assert main(["show", "--ledger", str(path), "--rollout", ro]) == 0
+
+
+@pytest.mark.parametrize("out, says", [
+    ("folder", "is a folder: name a file in it"),
+    ("folder.parquet", "is a folder: name a file in it"),
+    ("afile/rows.jsonl", "is a file, not a folder"),
+    ("rows.csv", "name it *.parquet or *.jsonl"),
+])
+def test_rows_refuses_an_out_it_cannot_write_and_leaves_no_file(tmp_path, capsys, out, says):
+    path = tmp_path / "ledger.db"
+    _ledger_with_a_rollout(path)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder.parquet").mkdir()
+    (tmp_path / "afile").write_text("x")
+    before = tree(tmp_path)
+    assert main(["rows", "--ledger", str(path), "--out", str(tmp_path / out)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("rowgrove rows: ") and says in line, line
+    assert tree(tmp_path) == before
+
+
+def test_rows_into_a_new_folder_writes_the_file_whole(tmp_path, capsys):
+    path = tmp_path / "ledger.db"
+    ro = _ledger_with_a_rollout(path)
+    out = tmp_path / "new" / "deeper" / "rows.parquet"
+    assert main(["rows", "--ledger", str(path), "--out", str(out), "--quiet"]) == 0
+    from rowgrove.assemble import read_rows
+
+    assert [r.rollout_id for r in read_rows(out)] == [ro]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["rows.parquet"]  # no temporary left

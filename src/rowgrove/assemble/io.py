@@ -9,6 +9,8 @@ column existed (`OPTIONAL`) still read: the column reads as None.
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -169,19 +171,44 @@ def table_to_rows(table: pa.Table) -> list[Row]:
     ]
 
 
-def write_rows(rows: Iterable[Row], path: str | Path) -> Path:
-    """Write rows to `path` (*.parquet or *.jsonl, chosen by the name); returns the path."""
+def check_out_path(path: str | Path) -> Path:
+    """`path` as a row file to write: its suffix known and nothing in the way (not a folder, the
+    folder above creatable and writable); InputError naming what to change otherwise. Called
+    before any work, so a bad --out costs nothing."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"--out {path} is a folder: name a file in it, e.g. {path / 'rows.parquet'}")
+    _format(path)
+    parent = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise InputError(f"--out {path}: {parent} is a file, not a folder: pick another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {path}: cannot write in {parent}: pick a path you can write")
+    return path
+
+
+def write_rows(rows: Iterable[Row], path: str | Path) -> Path:
+    """Write rows to `path` (*.parquet or *.jsonl, chosen by the name); returns the path. The file
+    appears whole or not at all (written beside it, then renamed); an unwritable path is an
+    InputError naming it."""
+    path = check_out_path(path)
     fmt = _format(path)
     rows = list(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "parquet":
-        pq.write_table(rows_to_table(rows), path)
-    else:
-        with open(path, "wb") as f:
-            for r in rows:
-                f.write(orjson.dumps(row_to_json(r)))
-                f.write(b"\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if fmt == "parquet":
+            pq.write_table(rows_to_table(rows), tmp)
+        else:
+            with open(tmp, "wb") as f:
+                for r in rows:
+                    f.write(orjson.dumps(row_to_json(r)))
+                    f.write(b"\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise InputError(f"cannot write rows to {path} ({e.strerror or e}): pick a path you can write") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -31,12 +31,12 @@ def run(args: argparse.Namespace) -> int:
 
     from rowgrove.algo import assign_advantages
     from rowgrove.assemble import build_rows, write_rows
-    from rowgrove.assemble.io import _format
+    from rowgrove.assemble.io import check_out_path
     from rowgrove.assemble.read import count_finished, iter_finished
     from rowgrove.errors import name_some
     from rowgrove.ledger import Ledger
 
-    _format(Path(args.out))  # refuse a bad suffix before reading anything
+    check_out_path(Path(args.out))  # refuse a bad --out before reading anything
     with Ledger(args.ledger, readonly=True) as ledger:
         total = count_finished(ledger)
         still_open = [ro.id for ro in ledger.rollouts("open")]

@@ -256,13 +256,21 @@ class Ledger:
         # SQLite file without rowgrove's tables, before anything is written to it
         self._db = _open_ledger_db(Path(self.path), readonly)
         if not readonly:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(SCHEMA)
-            self._db.execute(
-                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute(f"PRAGMA synchronous={synchronous}")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                self._db.executescript(SCHEMA)
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+                self._db.execute("BEGIN IMMEDIATE")  # proves the file and its folder take writes
+                self._db.execute("ROLLBACK")
+            except sqlite3.OperationalError as e:  # a read-only file or folder, a full disk, a lock
+                self._db.close()
+                raise InputError(f"cannot write ledger {self.path} ({e}): pass a ledger file you can "
+                                 "write (check its and its folder's permissions), or read it with "
+                                 "`rowgrove rows` / `rowgrove show`, which only read") from None
         version = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         old = version is not None and version[0] in _OLD_VERSIONS
         if old and not readonly:
