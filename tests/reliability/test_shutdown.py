@@ -162,8 +162,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+LOAD = 12  # rollouts with a slow call in flight when SIGTERM arrives
+
+
 @pytest.mark.slow  # a fresh process imports torch and transformers (~5-10 s)
-def test_a_real_sigterm_lets_the_call_in_flight_finish(tmp_path):
+def test_a_real_sigterm_under_load_lets_every_call_in_flight_finish(tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-c", SERVE, str(tmp_path / "l.db"), str(port), "3"],
@@ -177,35 +180,42 @@ def test_a_real_sigterm_lets_the_call_in_flight_finish(tmp_path):
                 return False
 
         assert _wait(up, timeout=90), proc.stdout.read1().decode() if proc.poll() is not None else "no start"
-        ro = httpx.post(url + "/v1/rollouts", json={"group_id": "g"}).json()
-        other = httpx.post(url + "/v1/rollouts", json={"group_id": "g2"}).json()
-        results: dict[str, object] = {}
+        ros = [httpx.post(url + "/v1/rollouts", json={"group_id": f"g{k % 3}"}).json() for k in range(LOAD)]
+        other = httpx.post(url + "/v1/rollouts", json={"group_id": "g-late"}).json()
+        results: dict[int, object] = {}
 
-        def slow_call() -> None:
+        def slow_call(k: int) -> None:
             try:
-                results["slow"] = _client(ro["base_url"], ro["api_key"]).chat.completions.create(
+                results[k] = _client(ros[k]["base_url"], ros[k]["api_key"]).chat.completions.create(
                     model="m", messages=USER, extra_body={"script": "slow"})
             except Exception as e:  # noqa: BLE001
-                results["slow"] = e
+                results[k] = e
 
-        t = threading.Thread(target=slow_call)
-        t.start()
-        assert _wait(lambda: httpx.get(url + "/health").json()["in_flight"] == 1)
+        threads = [threading.Thread(target=slow_call, args=(k,)) for k in range(LOAD)]
+        for t in threads:
+            t.start()
+        assert _wait(lambda: httpx.get(url + "/health").json()["in_flight"] == LOAD, timeout=20)
         proc.send_signal(signal.SIGTERM)
         assert _wait(lambda: httpx.get(url + "/health").status_code == 503, timeout=5)
-        with pytest.raises(openai.InternalServerError) as info:
+        with pytest.raises(openai.InternalServerError) as info:  # a new call while draining
             _client(other["base_url"], other["api_key"]).chat.completions.create(model="m", messages=USER)
         assert info.value.status_code == 503 and info.value.response.headers["retry-after"] == "3"
-        t.join(timeout=30)
-        slow = results["slow"]
-        assert not isinstance(slow, Exception), slow
-        assert slow.choices[0].message.content == "slow"
+        late = httpx.post(url + "/v1/rollouts", json={"group_id": "g-later"})  # and a new rollout
+        assert late.status_code == 503 and late.json()["error"]["code"] == "unavailable"
+        for t in threads:
+            t.join(timeout=30)
+        bad = {k: r for k, r in results.items() if isinstance(r, Exception)}
+        assert not bad and len(results) == LOAD, bad
+        assert all(r.choices[0].message.content == "slow" for r in results.values())
         assert proc.wait(timeout=30) == 0
         assert "clean exit" in proc.stdout.read().decode()
+        assert _refused(url)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     with Ledger(tmp_path / "l.db", readonly=True) as led:
-        assert [c.status for c in led.calls(ro["rollout_id"])] == ["completed"]
+        for ro in ros:
+            assert [c.status for c in led.calls(ro["rollout_id"])] == ["completed"]
         assert led.calls(other["rollout_id"]) == []
+        assert len(led.rollouts()) == LOAD + 1
