@@ -263,3 +263,57 @@ def test_a_refusal_by_the_engine_keeps_its_400(gw, tamper):
     assert dump_ledger(gw.ledger_path) != before  # the call was begun, then failed
     (call,) = gw.ledger.calls(ro["rollout_id"])
     assert call.status == "failed" and call.error.startswith("BadRequest:")
+
+
+# -- a real inference server failing under the gateway -------------------------------------------
+
+SERVER_FAULTS = [("cut", 502, "engine_failed"), ("hang", 504, "engine_timeout"),
+                 ("500", 502, "engine_failed"), ("bad_id", 502, "engine_failed"),
+                 ("short_logprobs", 502, "engine_failed")]
+
+
+@pytest.fixture(scope="module", params=["vllm", "sglang"])
+def served(request, tmp_path_factory):
+    """The gateway in front of a vLLM or SGLang stand-in (real HTTP both ways, streaming from the
+    server), engine timeout 1 s so a hang is quick."""
+    from rowgrove.engines import make_engine
+    from rowgrove.standins.common import start_standin
+
+    with start_standin(request.param, "tiny") as server:
+        engine = make_engine(request.param, "tiny", url=server.url, timeout=1.0)
+        with start_gateway("tiny", engine=engine, ledger=tmp_path_factory.mktemp("served") / "l.db") as gw:
+            yield server, gw
+
+
+@pytest.mark.parametrize(("fault", "status", "code"), SERVER_FAULTS, ids=[f[0] for f in SERVER_FAULTS])
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+def test_a_server_that_dies_mid_stream_or_hangs_is_never_reward_0(served, fault, status, code, stream):
+    """Call 1 is answered; the server then fails call 2 (dies mid-stream, hangs, 500s, or answers
+    ids outside the vocabulary / too few logprobs). The harness sees a 5xx in OpenAI's shape, the
+    call is `failed` with nothing stored, and when the harness gives up and finishes with reward 0
+    the rollout is invalid (`infra_failure`) — never a valid row with reward 0."""
+    from rowgrove.assemble import build_rows
+
+    server, gw = served
+    ro = gw.create_rollout("g-served")
+    client = OpenAI(base_url=ro["base_url"], api_key=ro["api_key"], max_retries=0)
+    first = client.chat.completions.create(model="tiny", messages=USER, max_tokens=4)
+    history = USER + [{"role": "assistant", "content": first.choices[0].message.content},
+                      {"role": "user", "content": "and then?"}]
+    server.fault(fault)
+    try:
+        with pytest.raises(openai.APIStatusError) as info:
+            answer = client.chat.completions.create(model="tiny", messages=history, max_tokens=4, stream=stream)
+            if stream:
+                list(answer)
+    finally:
+        server.fault(None)
+    assert info.value.status_code == status
+    assert info.value.response.json()["error"]["code"] == code
+    calls = gw.ledger.calls(ro["rollout_id"])
+    assert [c.status for c in calls] == ["completed", "failed"]
+    assert len(calls[1].sampled_ids) == 0
+    gw.finish(ro["rollout_id"], messages=history[:2], reward=0.0)
+    built = build_rows(gw.ledger.get_rollout(ro["rollout_id"]), gw.ledger.calls(ro["rollout_id"]))
+    assert built.rows and not any(r.valid for r in built.rows)
+    assert set(built.reason_kinds) == {"infra_failure"}
