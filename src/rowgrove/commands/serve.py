@@ -18,7 +18,7 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny",
-                   help="tiny | tiny-qwen3 | tiny-llama3 | path to a Hugging Face model directory")
+                   help="tiny | tiny-qwen3 | tiny-llama3 | tiny-vl (vision) | path to a Hugging Face model directory")
     p.add_argument("--engine", default="scripted", choices=("hf", "scripted", "vllm", "sglang"),
                    help="hf: local transformers generation; scripted: deterministic replies (tests, demos); "
                         "vllm, sglang: a running server at --engine-url that serves --model")
