@@ -97,14 +97,39 @@ def load_processor(folder: str | Path, tokenizer: Any = None) -> Any:
                              chat_template=tokenizer.chat_template)
 
 
+def vision_of(tokenizer: Any) -> Vision | None:
+    """The `Vision` of the model folder `tokenizer` was loaded from when it is a vision model,
+    else None (what an engine uses to turn images into the model's pixel inputs)."""
+    name = getattr(tokenizer, "name_or_path", None)
+    if not name or not Path(str(name)).is_dir() or not is_vision_model(name):
+        return None
+    return Vision(load_processor(name, tokenizer))
+
+
+def model_kwargs(input_ids: Any, vision_inputs: Any) -> dict[str, Any]:
+    """The keyword arguments a Qwen2-VL forward pass over `input_ids` (B, S) takes for its images
+    (`Vision.pixel_inputs`): pixel_values, image_grid_thw and `mm_token_type_ids` (1 at image
+    placeholders, as the processor returns it), on the ids' device. Empty without images."""
+    if not vision_inputs:
+        return {}
+    dev = input_ids.device
+    return {"pixel_values": vision_inputs["pixel_values"].to(dev),
+            "image_grid_thw": vision_inputs["image_grid_thw"].to(dev),
+            "mm_token_type_ids": (input_ids == int(vision_inputs["image_token_id"])).long()}
+
+
 class Vision:
     """The image side of one served VLM: placeholder counts, expansion, pixel tensors.
 
     `processor` is the model's processor (`load_processor`). Counts are memoized by image size.
+    `folder`: the folder `file://` image URLs may be read from (None: refused); `lookup(digest)`
+    finds a stored image (`rowgrove-media:` URLs) that this process has not decoded.
     """
 
-    def __init__(self, processor: Any):
+    def __init__(self, processor: Any, *, folder: str | Path | None = None, lookup: Any = None):
         self.processor = processor
+        self.folder = folder
+        self.lookup = lookup
         self.image_token = processor.image_token
         self.image_token_id = int(processor.image_token_id)
         self.merge_size = int(processor.image_processor.merge_size)
@@ -141,7 +166,8 @@ class Vision:
         """`pixel_values` and `image_grid_thw` (torch tensors) of `images`, in order, as the
         processor makes them for the model's forward pass."""
         out = self.processor.image_processor(images=[img.pil() for img in images], return_tensors="pt")
-        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"],
+                "image_token_id": self.image_token_id}
 
     def config_record(self) -> dict[str, Any]:
         """What reproduces the processed form of a stored image: the processor's class, its
