@@ -173,7 +173,14 @@ class RemoteEngine(ABC):
         version = self.weights_version
         self.in_flight[i] += 1
         try:
-            gen = await self._generate(self._client(), url, prompt, sampling, rid)
+            images = hints.get("images") or ()
+            if images:
+                if self.kind != "sglang":
+                    raise BadRequest(f"the {self.kind} engine does not pass images to its server: serve a "
+                                     "vision model with --engine sglang, hf or scripted", param="messages")
+                gen = await self._generate(self._client(), url, prompt, sampling, rid, images=images)
+            else:
+                gen = await self._generate(self._client(), url, prompt, sampling, rid)
         except asyncio.CancelledError:
             await self._abort_quietly(url, rid)
             raise

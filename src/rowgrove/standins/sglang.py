@@ -164,6 +164,7 @@ class _SGLangStandin:
         # the hf engine counts updates; each count has the version name it was loaded under
         self.names: dict[int, str] = {int(getattr(engine, "weights_version", 0)): self.version}
         self.runs: dict[str, _Run] = {}
+        self.image_data: list[list[str]] = []  # each request's image_data (SGLang GenerateReqInput), for tests
         self.outputs: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.unpaused = asyncio.Event()
         self.unpaused.set()
@@ -230,6 +231,10 @@ class _SGLangStandin:
         text, ids = obj.get("text"), obj.get("input_ids")
         if obj.get("input_embeds") is not None:
             raise ValueError("the stand-in does not take input_embeds")
+        images = obj.get("image_data")
+        if images is not None and (not isinstance(images, list) or not all(isinstance(u, str) and u for u in images)):
+            raise ValueError("image_data must be a list of image URLs, paths or base64 data URLs")
+        self.image_data.append(list(images or ()))
         if (text is None) == (ids is None):
             raise ValueError("Either text, input_ids or input_embeds should be provided.")  # [IO]
         if ids is not None:
