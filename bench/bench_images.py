@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     result = run(8 if args.quick else args.turns, args.keep)
     out = args.out or (None if args.quick else RESULTS)
-    if out:
+    if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

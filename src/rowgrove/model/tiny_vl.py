@@ -40,8 +40,11 @@ def _write(out: Path, *, seed: int, layers: int, hidden: int, vocab_size: int, m
     from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    from transformers.utils import logging as hf_logging
+
     from rowgrove.model.vision import processor_class
 
+    hf_logging.disable_progress_bar()
     spec = get_template(TEMPLATE)
     raw = _train_tokenizer(seed, vocab_size, ())
     raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
