@@ -244,3 +244,27 @@ def test_an_oversized_image_is_400(gw, monkeypatch):
                    json={"messages": [user("look", png((9, 9, 9), (31, 17)))]})
     assert r.status_code == 400 and "messages[0].content[0]" in r.json()["error"]["message"]
     assert "31x17" in r.json()["error"]["message"]
+
+
+def test_rowgrove_show_draws_which_calls_carried_which_images(gw, tmp_path, capsys):
+    from rowgrove.cli import main
+
+    ro = gw.create_rollout("g")
+    cli = client(ro)
+    m1 = [user("screen 1", RED)]
+    a1 = ask(cli, m1, "saw one")
+    m2 = m1 + [a1, user("screen 2", BLUE)]
+    a2 = ask(cli, m2, "saw two")
+    m3 = [{"role": "user", "content": "screen 1 (dropped)"}, a1, user("screen 2", BLUE), a2, user("screen 3", GREEN)]
+    a3 = ask(cli, m3, "saw three")
+    gw.finish(ro["rollout_id"], conversations=[m2 + [a2], m3 + [a3]], reward=1.0)
+    assert main(["show", "--ledger", str(gw.ledger_path), "--rollout", ro["rollout_id"]]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip().startswith("c")}
+    assert lines["c1"].endswith("images +i1")
+    assert lines["c2"].endswith("images i1 +i2")
+    assert lines["c3"].endswith("images i2 +i3")
+    assert "images (3, + = first carried by that call): i1 = pixels:" in out
+    svg = tmp_path / "lineage.svg"
+    assert main(["show", "--ledger", str(gw.ledger_path), "--rollout", ro["rollout_id"], "--out", str(svg)]) == 0
+    assert "i1 +i2" in svg.read_text()

@@ -417,7 +417,7 @@ def _lineages(ledger: Any, built: list[Any], k: int = 3) -> list[tuple[str, str]
         calls = read_calls(ledger, rr.rollout_id)
         title = (f"rollout {rr.rollout_id}: reward {res.reward:.2f}, {len(rr.rows)} rows, "
                  f"{res.compactions} compactions, {res.rejected} rejected")
-        pics.append((title, render_svg(calls, rr, rr.rows)))
+        pics.append((title, render_svg(calls, rr, rr.rows, images=ledger.call_images(rr.rollout_id))))
     return pics
 
 
