@@ -268,3 +268,63 @@ def test_rowgrove_show_draws_which_calls_carried_which_images(gw, tmp_path, caps
     svg = tmp_path / "lineage.svg"
     assert main(["show", "--ledger", str(gw.ledger_path), "--rollout", ro["rollout_id"], "--out", str(svg)]) == 0
     assert "i1 +i2" in svg.read_text()
+
+
+@pytest.mark.slow  # a fresh process imports torch and transformers
+def test_rowgrove_serve_tiny_vl_with_a_media_folder(tmp_path, processor):
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from rowgrove.ledger import Ledger
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    shot = tmp_path / "shots" / "a.png"
+    shot.parent.mkdir()
+    shot.write_bytes(base64.b64decode(RED.split(",", 1)[1]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rowgrove.cli", "serve", "--model", "tiny-vl", "--engine", "scripted",
+         "--ledger", str(tmp_path / "served.db"), "--port", str(port), "--media-folder", str(shot.parent),
+         "--log-level", "warning"],
+        env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-2000:]
+            time.sleep(0.2)
+        ro = httpx.post(url + "/v1/rollouts", json={"group_id": "g"}).json()
+        cli = client(ro)
+        m1 = [user("look", shot.as_uri())]
+        a1 = ask(cli, m1, "seen")
+        m2 = [user("look", RED), a1, user("again", GREEN)]
+        ask(cli, m2, "two")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+    with Ledger(tmp_path / "served.db", readonly=True) as led:
+        c1, c2 = led.calls(ro["rollout_id"])
+        assert c2.parent_id == c1.id
+        assert full_prompt(led, c2) == processor_ids(processor, m2)
+
+
+def test_serve_help_lists_tiny_vl_and_a_bad_media_folder_is_refused(tmp_path, capsys):
+    from rowgrove.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "tiny-vl" in out and "--media-folder" in out
+    assert main(["serve", "--ledger", str(tmp_path / "l.db"), "--media-folder", str(tmp_path / "none")]) == 2
+    assert "--media-folder" in capsys.readouterr().err
+    assert not (tmp_path / "l.db").exists()
