@@ -328,3 +328,23 @@ def test_serve_help_lists_tiny_vl_and_a_bad_media_folder_is_refused(tmp_path, ca
     assert main(["serve", "--ledger", str(tmp_path / "l.db"), "--media-folder", str(tmp_path / "none")]) == 2
     assert "--media-folder" in capsys.readouterr().err
     assert not (tmp_path / "l.db").exists()
+
+
+def test_the_kept_image_check_survives_a_gateway_restart(engine, tmp_path):
+    engine.reset()
+    path = tmp_path / "ledger.db"
+    with start_gateway("tiny-vl", engine=engine, ledger=path) as g:
+        ro = g.create_rollout("g")
+        m1 = [user("look", RED)]
+        a1 = ask(client(ro), m1, "seen")
+    with start_gateway("tiny-vl", engine=engine, ledger=path) as g:  # a new process's memory: rebuilt from the ledger
+        before = dump_ledger(path)
+        r = httpx.post(ro["base_url"].replace(ro["base_url"].split("/rollouts/")[0], g.url) + "/chat/completions",
+                       headers={"authorization": f"Bearer {ro['api_key']}"},
+                       json={"messages": [user("look", png((201, 30, 30))), a1, user("again")]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "image_changed"
+        assert dump_ledger(path) == before
+        ask(openai.OpenAI(base_url=ro["base_url"].replace(ro["base_url"].split("/rollouts/")[0], g.url),
+                          api_key=ro["api_key"], max_retries=0), [user("look", RED), a1, user("again")])
+        c1, c2 = g.ledger.calls(ro["rollout_id"])
+        assert c2.parent_id == c1.id

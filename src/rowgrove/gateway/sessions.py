@@ -318,6 +318,10 @@ class Gateway:
     def _index(self, session: RolloutSession) -> RolloutIndex:
         if session.index is None:
             session.index = RolloutIndex.from_calls(self.ledger.calls(session.rollout_id))
+            if self.renderer.vision is not None:  # the kept-image evidence, as the ledger holds it
+                for cid, (blind, places) in self.ledger.image_summaries(session.rollout_id).items():
+                    if cid in session.index:
+                        session.index.add_images(cid, blind, places)
         return session.index
 
     # -- one call ---------------------------------------------------------------------------
@@ -518,9 +522,11 @@ class Gateway:
                 from rowgrove.hashing import chain_start, message_hash
                 from rowgrove.media import image_positions
 
+                blind = blind_summary(plan.messages, chain_start(req.tools, req.chat_template_kwargs),
+                                      message_hash(message))
+                self.ledger.set_image_summary(call.id, blind)
                 session.index.add_images(
-                    call.id, blind_summary(plan.messages, chain_start(req.tools, req.chat_template_kwargs),
-                                           message_hash(message)),
+                    call.id, blind,
                     [(i, k, img.digest) for (i, k, _), img in zip(image_positions(plan.messages), plan.images,
                                                                    strict=True)])
         return body
@@ -528,8 +534,11 @@ class Gateway:
     def _store_images(self, call_id: str, plan: Decision) -> None:
         """Each image of the call's prompt stored once in the ledger, and the call's list of them."""
         vision = self.renderer.vision
+        from rowgrove.media import image_positions
+
         self.ledger.put_images(plan.images, vision.config_record() if vision is not None else None)
-        self.ledger.link_images(call_id, [img.digest for img in plan.images])
+        places = [(i, k) for i, k, _ in image_positions(plan.messages)] if plan.messages is not None else None
+        self.ledger.link_images(call_id, [img.digest for img in plan.images], places)
 
     def _response(self, req: ChatRequest, call: Call, plan: Decision, gen: Any) -> tuple[dict, dict, str]:
         """(completion body, the assistant message it carries, finish reason)."""

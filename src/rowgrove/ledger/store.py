@@ -95,7 +95,13 @@ CREATE TABLE IF NOT EXISTS call_media (            -- the images of a call's ful
     call_id     TEXT NOT NULL REFERENCES calls(id),
     position    INTEGER NOT NULL,
     digest      TEXT NOT NULL REFERENCES media(digest),
+    message     INTEGER,                           -- where the request held it: messages[message].content[part]
+    part        INTEGER,
     PRIMARY KEY (call_id, position)
+);
+CREATE TABLE IF NOT EXISTS call_image_summaries (  -- the kept-image check's evidence (gateway.images)
+    call_id       TEXT PRIMARY KEY REFERENCES calls(id),
+    blind_summary TEXT NOT NULL                    -- summary hash with image parts counted without pixels
 );
 CREATE INDEX IF NOT EXISTS calls_by_rollout ON calls (rollout_id, ordinal);
 CREATE INDEX IF NOT EXISTS calls_by_request_key ON calls (rollout_id, request_key);
@@ -577,13 +583,17 @@ class Ledger:
                 self._db.execute("ROLLBACK")
                 raise
 
-    def link_images(self, call_id: str, digests: Sequence[str]) -> None:
-        """Record the images of call `call_id`'s full prompt, in order (stored with put_images)."""
+    def link_images(self, call_id: str, digests: Sequence[str],
+                    places: Sequence[tuple[int, int]] | None = None) -> None:
+        """Record the images of call `call_id`'s full prompt, in order (stored with put_images),
+        and where its request held each one ((message, part) pairs, when given)."""
+        at = list(places) if places is not None else [(None, None)] * len(digests)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany("INSERT OR REPLACE INTO call_media(call_id, position, digest) VALUES (?, ?, ?)",
-                                     [(call_id, k, d) for k, d in enumerate(digests)])
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO call_media(call_id, position, digest, message, part) VALUES (?, ?, ?, ?, ?)",
+                    [(call_id, k, d, i, j) for k, (d, (i, j)) in enumerate(zip(digests, at, strict=True))])
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -600,6 +610,28 @@ class Ledger:
         out: dict[str, list[str]] = {}
         for cid, digest in rows:
             out.setdefault(cid, []).append(digest)
+        return out
+
+    def set_image_summary(self, call_id: str, blind_summary: str) -> None:
+        """Record a completed call's image-blind summary (`gateway.images.blind_summary`)."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO call_image_summaries(call_id, blind_summary) VALUES (?, ?)",
+                             (call_id, blind_summary))
+
+    def image_summaries(self, rollout_id: str) -> dict[str, tuple[str, list[tuple[int, int, str]]]]:
+        """{call id: (image-blind summary, [(message, part, digest), ...])} of the rollout's calls
+        that recorded one: what the gateway's kept-image check rebuilds after a restart."""
+        if "call_image_summaries" not in self._tables():
+            return {}
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.call_id, s.blind_summary, m.message, m.part, m.digest FROM call_image_summaries s "
+                "JOIN calls c ON c.id = s.call_id JOIN call_media m ON m.call_id = s.call_id "
+                "WHERE c.rollout_id=? AND m.message IS NOT NULL ORDER BY s.call_id, m.position",
+                (rollout_id,)).fetchall()
+        out: dict[str, tuple[str, list[tuple[int, int, str]]]] = {}
+        for cid, blind, i, k, digest in rows:
+            out.setdefault(cid, (blind, []))[1].append((int(i), int(k), digest))
         return out
 
     def get_image_record(self, digest: str) -> tuple[str, int, int, bytes, Any] | None:
