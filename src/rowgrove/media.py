@@ -15,9 +15,9 @@ of the base64 text: a harness that re-encodes the same screenshot (PNG to WebP, 
 level) still continues its parent. RGB because that is what the model's image processor sees
 (Qwen2-VL's processor converts every image to RGB before resizing).
 
-Decoding costs a few milliseconds per screenshot, so decoded images are kept in a bounded
-process-wide cache keyed by the sha256 of their bytes, and by pixel digest for the renderer and
-the engines. Pure apart from that cache and the file reads.
+Decoding costs a few milliseconds per screenshot, so decoded images are kept in a process-wide
+cache bounded by their bytes (CACHE_BYTES), found by the sha256 of their encoded bytes and by
+pixel digest (for the renderer and the engines). Pure apart from that cache and the file reads.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from urllib.parse import unquote, urlparse
 MEDIA_SCHEME = "rowgrove-media:"
 MAX_IMAGE_BYTES = 20 << 20       # an encoded image larger than this is refused (OpenAI's own limit is 20 MB)
 MAX_IMAGE_PIXELS = 40_000_000    # width x height above this is refused before decoding (decompression bombs)
-_CACHE_IMAGES = 512              # decoded images kept per process
+CACHE_BYTES = 256 << 20          # encoded bytes of the images kept decoded per process (least recent dropped)
 
 
 class MediaError(ValueError):
@@ -64,8 +64,9 @@ class Image:
 
 
 _lock = threading.Lock()
-_by_bytes: OrderedDict[bytes, Image] = OrderedDict()
-_by_digest: OrderedDict[str, Image] = OrderedDict()
+_by_bytes: dict[bytes, str] = {}                        # sha256 of the encoded bytes -> pixel digest
+_by_digest: OrderedDict[str, tuple[Image, list[bytes]]] = OrderedDict()  # digest -> image, its byte keys
+_held = [0]                                             # bytes held in _by_digest
 
 
 def pixel_digest(rgb: Any) -> str:
@@ -81,10 +82,10 @@ def decode_image(data: bytes, mime: str | None = None) -> Image:
         raise MediaError(f"the image is {len(data)} bytes, more than the {MAX_IMAGE_BYTES} allowed: send a smaller one")
     key = hashlib.sha256(data).digest()
     with _lock:
-        hit = _by_bytes.get(key)
-        if hit is not None:
-            _by_bytes.move_to_end(key)
-            return hit
+        digest = _by_bytes.get(key)
+        if digest is not None and digest in _by_digest:
+            _by_digest.move_to_end(digest)
+            return _by_digest[digest][0]
     from PIL import Image as PILImage
     from PIL import UnidentifiedImageError
 
@@ -107,23 +108,33 @@ def decode_image(data: bytes, mime: str | None = None) -> Image:
 
 
 def _remember(key: bytes, img: Image) -> None:
+    """Keep `img` (first encoding seen) by digest, and `key` (its bytes' hash) pointing at it;
+    the least recently used images go once more than CACHE_BYTES are held (the newest always stays)."""
     with _lock:
-        _by_bytes[key] = img
-        _by_digest.setdefault(img.digest, img)
+        entry = _by_digest.get(img.digest)
+        if entry is None:
+            entry = (img, [])
+            _by_digest[img.digest] = entry
+            _held[0] += len(img.data)
+        if key not in entry[1]:
+            entry[1].append(key)
+        _by_bytes[key] = img.digest
         _by_digest.move_to_end(img.digest)
-        while len(_by_bytes) > _CACHE_IMAGES:
-            _by_bytes.popitem(last=False)
-        while len(_by_digest) > _CACHE_IMAGES:
-            _by_digest.popitem(last=False)
+        while _held[0] > CACHE_BYTES and len(_by_digest) > 1:
+            _, (old, keys) = _by_digest.popitem(last=False)
+            _held[0] -= len(old.data)
+            for k in keys:
+                _by_bytes.pop(k, None)
 
 
 def known(digest: str) -> Image | None:
-    """The decoded image of `digest` when this process has seen it (None otherwise)."""
+    """The decoded image of `digest` when this process has it cached (None otherwise)."""
     with _lock:
-        img = _by_digest.get(digest)
-        if img is not None:
-            _by_digest.move_to_end(digest)
-        return img
+        entry = _by_digest.get(digest)
+        if entry is None:
+            return None
+        _by_digest.move_to_end(digest)
+        return entry[0]
 
 
 def remember(img: Image) -> None:

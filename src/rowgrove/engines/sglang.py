@@ -86,6 +86,7 @@ class SGLangEngine(RemoteEngine):
     """
 
     kind = "sglang"
+    takes_images = True
 
     def __init__(self, model: str, urls: Any, *, stream: bool = True, incremental: bool | None = None,
                  **kw: Any):

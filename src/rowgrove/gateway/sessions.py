@@ -385,6 +385,9 @@ class Gateway:
                 raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
         plan = decide(self._index(session), req.messages, self.renderer, tools=req.tools,
                       options=req.chat_template_kwargs)
+        if plan.images and not getattr(self.engine, "takes_images", True):  # refused before the ledger
+            raise BadRequest(f"the {getattr(self.engine, 'kind', 'configured')} engine does not pass images to its "
+                             "server: serve a vision model with --engine sglang, hf or scripted", param="messages")
         req = self._fit_context(req, len(plan.full_prompt_ids))
         if self.in_flight >= self.settings.max_queue:
             raise Overloaded(
