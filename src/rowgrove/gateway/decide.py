@@ -386,7 +386,7 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
     if options is not None and not isinstance(options, Mapping):
         raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
     images: list[Any] = []
-    vision = getattr(renderer, "vision", None)
+    vision = renderer.vision
     if vision is not None:
         from rowgrove.gateway.images import load_request_images
 
