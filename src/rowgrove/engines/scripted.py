@@ -101,8 +101,9 @@ class ScriptedEngine:
             raise InputError("this model takes no images: serve a vision model (e.g. --model tiny-vl)")
         loop = asyncio.get_running_loop()
         try:
+            extra = (images,) if images else ()  # a text request's pass is called as before
             lp, tops, version = await loop.run_in_executor(self._pool, self._score, prompt, ids, sampling.top_logprobs,
-                                                           images)
+                                                           *extra)
         except Exception as e:  # a model failure is the engine's, not the caller's
             raise EngineError(f"scripted engine forward pass failed: {type(e).__name__}: {e}") from e
         return Generation(token_ids=ids, logprobs=lp, finish_reason=finish, top_logprobs=tops,
