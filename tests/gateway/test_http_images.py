@@ -155,11 +155,12 @@ def test_the_same_pixels_re_encoded_continue(gw, processor):
     assert media_rows(gw.ledger_path)[0] == 1
 
 
-def test_changed_pixels_of_a_kept_image_are_refused_with_the_ledger_unchanged(gw):
+def test_changed_pixels_of_a_kept_image_are_refused_with_the_ledger_unchanged(gw, processor):
     ro = gw.create_rollout("g")
     cli = client(ro)
     m1 = [{"role": "system", "content": "be brief"}, user("look", RED)]
     a1 = ask(cli, m1, "seen")
+    check_ids(gw, ro, processor, [m1])
     before = dump_ledger(gw.ledger_path), media_rows(gw.ledger_path)
     changed = png((201, 30, 30))
     r = httpx.post(ro["base_url"] + "/chat/completions", headers={"authorization": f"Bearer {ro['api_key']}"},
@@ -202,10 +203,11 @@ def test_a_file_url_inside_the_media_folder_is_read_and_one_outside_refused(gw, 
     cli = client(ro)
     m1 = [user("look", path.as_uri())]
     a1 = ask(cli, m1, "seen")
-    ask(cli, [user("look", RED), a1, user("same image as data")])
+    m2 = [user("look", RED), a1, user("same image as data")]
+    ask(cli, m2)
     c1, c2 = calls(gw, ro)
     assert c2.parent_id == c1.id
-    assert full_prompt(gw.ledger, c1) == processor_ids(processor, [user("look", RED)])
+    check_ids(gw, ro, processor, [[user("look", RED)], m2])
     r = httpx.post(ro["base_url"] + "/chat/completions", headers={"authorization": f"Bearer {ro['api_key']}"},
                    json={"messages": [user("x", "file:///etc/hostname")]})
     assert r.status_code == 400 and "outside the allowed media folder" in r.json()["error"]["message"]
@@ -246,7 +248,7 @@ def test_an_oversized_image_is_400(gw, monkeypatch):
     assert "31x17" in r.json()["error"]["message"]
 
 
-def test_rowgrove_show_draws_which_calls_carried_which_images(gw, tmp_path, capsys):
+def test_rowgrove_show_draws_which_calls_carried_which_images(gw, processor, tmp_path, capsys):
     from rowgrove.cli import main
 
     ro = gw.create_rollout("g")
@@ -257,6 +259,7 @@ def test_rowgrove_show_draws_which_calls_carried_which_images(gw, tmp_path, caps
     a2 = ask(cli, m2, "saw two")
     m3 = [{"role": "user", "content": "screen 1 (dropped)"}, a1, user("screen 2", BLUE), a2, user("screen 3", GREEN)]
     a3 = ask(cli, m3, "saw three")
+    check_ids(gw, ro, processor, [m1, m2, m3])
     gw.finish(ro["rollout_id"], conversations=[m2 + [a2], m3 + [a3]], reward=1.0)
     assert main(["show", "--ledger", str(gw.ledger_path), "--rollout", ro["rollout_id"]]) == 0
     out = capsys.readouterr().out
@@ -330,7 +333,7 @@ def test_serve_help_lists_tiny_vl_and_a_bad_media_folder_is_refused(tmp_path, ca
     assert not (tmp_path / "l.db").exists()
 
 
-def test_the_kept_image_check_survives_a_gateway_restart(engine, tmp_path):
+def test_the_kept_image_check_survives_a_gateway_restart(engine, processor, tmp_path):
     engine.reset()
     path = tmp_path / "ledger.db"
     with start_gateway("tiny-vl", engine=engine, ledger=path) as g:
@@ -348,3 +351,4 @@ def test_the_kept_image_check_survives_a_gateway_restart(engine, tmp_path):
                           api_key=ro["api_key"], max_retries=0), [user("look", RED), a1, user("again")])
         c1, c2 = g.ledger.calls(ro["rollout_id"])
         assert c2.parent_id == c1.id
+        assert full_prompt(g.ledger, c2) == processor_ids(processor, [user("look", RED), a1, user("again")])
