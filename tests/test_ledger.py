@@ -204,7 +204,7 @@ def test_old_ledger_reads_read_only_and_migrates_on_writable_open(tmp_path, vers
         led.complete_call(c.id, sampled_ids=[9], logprobs=[0.0], finish_reason="stop", summary_hash="s",
                           response_hash="r", response=None, weight_versions=[6])
     version_now, cols = _schema(path)
-    assert version_now == str(SCHEMA_VERSION) == "3"
+    assert version_now == str(SCHEMA_VERSION) == "4"
     assert {"weight_versions", "history_drift"} <= cols
     with Ledger(path, readonly=True) as led:
         got = led.get_call(c.id)
@@ -216,8 +216,8 @@ def test_a_newer_ledger_is_refused_even_read_only(tmp_path):
     path = tmp_path / "new.sqlite"
     Ledger(path).close()
     db = sqlite3.connect(path)
-    db.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
+    db.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
     db.commit()
     db.close()
-    with pytest.raises(InputError, match="schema version 4.*newer rowgrove"):
+    with pytest.raises(InputError, match="schema version 5.*newer rowgrove"):
         Ledger(path, readonly=True)

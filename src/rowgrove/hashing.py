@@ -48,9 +48,15 @@ def _decode_data_url(url: str) -> bytes | None:
 
 
 def _media_digest(url: str) -> str:
-    """Inline media is identified by its decoded bytes, remote media by its URL. Never raises:
-    a payload that does not decode (refused at the gateway by `media_part_problem`, but a
-    record may hold one) is identified by its text."""
+    """An inline image (or one the ledger stores, `rowgrove-media:`) is identified by its decoded
+    pixels (`rowgrove.media`), so a re-encoded image hashes the same; other inline media by its
+    decoded bytes, remote media by its URL. Never raises: a payload that does not decode (refused
+    at the gateway, but a record may hold one) is identified by its text."""
+    from rowgrove.media import digest_of_url
+
+    pixels = digest_of_url(url)
+    if pixels is not None:
+        return pixels
     try:
         raw = _decode_data_url(url)
     except (binascii.Error, ValueError):

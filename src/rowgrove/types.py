@@ -44,6 +44,7 @@ class Row:
     call_ids: Sequence[str] = ()
     mask_reason: str | None = None
     weight_versions: Sequence[int] | None = None
+    images: Sequence[str] = ()         # pixel digests of the images in input_ids, in order (ledger media table)
 
 
 @dataclass

@@ -47,6 +47,22 @@ def collapse_env(rounds: list[Round]) -> list[Round]:
     return out
 
 
+DROPPED_IMAGE = {"type": "text", "text": "[earlier screen dropped]"}
+
+
+def keep_newest_images(messages: list[Message], n: int) -> list[Message]:
+    """`messages` with every image part but the newest `n` replaced by `DROPPED_IMAGE` (messages
+    without a dropped image are the same objects; no assistant message ever holds an image)."""
+    where = [(i, k) for i, m in enumerate(messages) if isinstance(m.get("content"), list)
+             for k, p in enumerate(m["content"]) if isinstance(p, dict) and p.get("type") == "image_url"]
+    drop: dict[int, set[int]] = {}
+    for i, k in where[: max(0, len(where) - n)]:
+        drop.setdefault(i, set()).add(k)
+    return [m if i not in drop else {**m, "content": [DROPPED_IMAGE if k in drop[i] else p
+                                                      for k, p in enumerate(m["content"])]}
+            for i, m in enumerate(messages)]
+
+
 def render_context(head: list[Message], rounds: list[Round], omitted: int) -> list[Message]:
     """The message list sent to the model: head, the omitted-rounds note if any, the rounds."""
     return [*head, *([omitted_note(omitted)] if omitted else []), *(m for rnd in rounds for m in rnd)]
@@ -63,4 +79,6 @@ def compact(policy: str, rounds: list[Round], omitted: int, *, keep_rounds: int)
         return drop_reasoning(rounds), omitted
     elif policy == "collapse_env":
         return collapse_env(rounds), omitted
+    elif policy == "keep_newest_image":  # applied to each context as it is sent (loop.run_episode)
+        return rounds, omitted
     raise ValueError(f"unknown compaction {policy!r}")

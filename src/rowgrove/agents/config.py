@@ -8,7 +8,7 @@ from typing import Any
 
 from rowgrove.errors import InputError
 
-COMPACTIONS = ("none", "keep_last_rounds", "drop_reasoning", "collapse_env")
+COMPACTIONS = ("none", "keep_last_rounds", "drop_reasoning", "collapse_env", "keep_newest_image")
 ON_EXHAUSTED = ("invalid", "score")
 
 
@@ -21,7 +21,11 @@ class AgentConfig:
     max_resamples: int = 2
     """Most retries of one action after a rejected response (so at most 1 + this many calls)."""
     compaction: str = "none"
-    """Context rewrite: "none" | "keep_last_rounds" | "drop_reasoning" | "collapse_env"."""
+    """Context rewrite: "none" | "keep_last_rounds" | "drop_reasoning" | "collapse_env" |
+    "keep_newest_image" (every call shows only the newest `keep_images` images; older image parts
+    become a text note, as NeMo RL #4124's computer-use harness keeps only the newest screenshot)."""
+    keep_images: int = 1
+    """keep_newest_image: how many of the newest images every context keeps."""
     keep_rounds: int = 1
     """keep_last_rounds: tool rounds (assistant turn + its tool results) kept after a compaction."""
     every_k: int = 2
@@ -55,7 +59,7 @@ class AgentConfig:
         return cls(**{**defaults, **options})
 
     def __post_init__(self) -> None:
-        for name in ("max_actions", "max_resamples", "keep_rounds", "every_k", "max_tokens"):
+        for name in ("max_actions", "max_resamples", "keep_rounds", "every_k", "max_tokens", "keep_images"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
                 raise InputError(f"AgentConfig.{name} is an integer, got {getattr(self, name)!r}")
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
@@ -64,7 +68,7 @@ class AgentConfig:
             raise InputError(f"AgentConfig.system_prompt is a string or null, got {self.system_prompt!r}")
         if self.compaction not in COMPACTIONS:
             raise InputError(f"unknown compaction {self.compaction!r}: use one of {', '.join(COMPACTIONS)}")
-        for name in ("max_actions", "keep_rounds", "every_k", "max_tokens"):
+        for name in ("max_actions", "keep_rounds", "every_k", "max_tokens", "keep_images"):
             if getattr(self, name) < 1:
                 raise InputError(f"AgentConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.on_exhausted not in ON_EXHAUSTED:

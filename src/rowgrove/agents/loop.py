@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rowgrove.agents.compaction import Message, Round, compact, render_context
+from rowgrove.agents.compaction import Message, Round, compact, keep_newest_images, render_context
 from rowgrove.agents.config import AgentConfig
 from rowgrove.envs.base import Env, Task
 
@@ -96,6 +96,23 @@ def check_response(message: Message, env: Env) -> tuple[list[tuple[str, str, dic
     return calls, None
 
 
+def observation_messages(call_id: str, observation: Any) -> list[Message]:
+    """The messages a tool result becomes: one tool message for text; for content parts with
+    images, a tool message of their text and a user message with the images (OpenAI's tool
+    messages take text only; computer-use harnesses send the screenshot as the next user turn)."""
+    if isinstance(observation, str):
+        return [{"role": "tool", "tool_call_id": call_id, "content": observation}]
+    parts = list(observation)
+    if parts and parts[0].get("type") == "text":
+        text, rest = parts[0]["text"], parts[1:]
+    else:
+        text, rest = "ok", parts
+    out: list[Message] = [{"role": "tool", "tool_call_id": call_id, "content": text}]
+    if rest:
+        out.append({"role": "user", "content": rest})
+    return out
+
+
 async def run_episode(client: AsyncChatClient, env: Env, task: Task, config: AgentConfig, *,
                       model: str = "policy", extra_body: ExtraBody = None) -> EpisodeResult:
     """Run one episode of `task` in `env` through `client`; see the module docstring for the loop.
@@ -114,9 +131,15 @@ async def run_episode(client: AsyncChatClient, env: Env, task: Task, config: Age
     actions = rejected = compactions = calls = turns = 0
     rejections: list[str] = []
     end = "max_actions"
+    accepted_since_drop = False
 
     while actions < config.max_actions:
         context = render_context(head, rounds, omitted)
+        if config.compaction == "keep_newest_image":
+            kept = keep_newest_images(context, config.keep_images)
+            if kept != context and accepted_since_drop:
+                compactions += 1  # a context that drops an image the model saw: a rewrite
+            context, accepted_since_drop = kept, False
         accepted: Message | None = None
         steps: list[tuple[str, str, dict[str, Any]]] = []
         for attempt in range(config.max_resamples + 1):
@@ -141,12 +164,13 @@ async def run_episode(client: AsyncChatClient, env: Env, task: Task, config: Age
         for call_id, name, args in steps:
             result = env.step(name, args)
             actions += 1
-            new_round.append({"role": "tool", "tool_call_id": call_id, "content": result.observation})
+            new_round.extend(observation_messages(call_id, result.observation))
             if result.done:
                 done = True
                 break
         record.extend(new_round)
         rounds.append(new_round)
+        accepted_since_drop = True
         turns += 1
         if done:
             end = "done"

@@ -16,11 +16,22 @@ from rowgrove.ledger import Ledger
 def rollout_rows(ledger: Ledger, rollout_id: str) -> RolloutRows:
     """Rows of one finished rollout of `ledger` (Conflict while it is open, NotFound if unknown)."""
     rollout, calls = read_finished_rollout(ledger, rollout_id)
-    return build_rows(rollout, calls)
+    built = build_rows(rollout, calls)
+    attach_images(built.rows, ledger.call_images(rollout_id))
+    return built
+
+
+def attach_images(rows: list, call_images: dict[str, list[str]]) -> None:
+    """Give each row the images of its chain's last call's full prompt (which holds every image
+    placeholder of the row's input_ids), from `Ledger.call_images`."""
+    for row in rows:
+        if row.call_ids and call_images.get(row.call_ids[-1]):
+            row.images = list(call_images[row.call_ids[-1]])
 
 
 __all__ = [
     "RolloutRows",
+    "attach_images",
     "build_rows",
     "iter_finished",
     "read_calls",

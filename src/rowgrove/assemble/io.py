@@ -36,9 +36,10 @@ ROW_SCHEMA = pa.schema([
     ("valid", pa.bool_()),
     ("mask_reason", pa.string()),
     ("weight_versions", pa.list_(pa.int32())),   # null: versions unknown
+    ("images", pa.list_(pa.string())),           # pixel digests of the row's images (ledger media table)
 ])
 FIELDS = tuple(ROW_SCHEMA.names)
-OPTIONAL = ("weight_versions",)   # added later: older row files lack it, and read as None
+OPTIONAL = ("weight_versions", "images")   # added later: older row files lack them (None, no images)
 
 
 def _floats(xs: Any) -> list[float]:
@@ -62,6 +63,7 @@ def row_to_json(row: Row) -> dict[str, Any]:
         "mask_reason": row.mask_reason,
         "weight_versions": (None if row.weight_versions is None
                             else np.asarray(row.weight_versions, dtype=np.int32).tolist()),
+        "images": list(row.images),
     }
 
 
@@ -83,6 +85,7 @@ def row_from_json(d: dict[str, Any]) -> Row:
         call_ids=list(d.get("call_ids") or ()),
         mask_reason=d.get("mask_reason"),
         weight_versions=None if d.get("weight_versions") is None else np.asarray(d["weight_versions"], dtype=np.int32),
+        images=list(d.get("images") or ()),
     )
 
 
@@ -128,6 +131,7 @@ def rows_to_table(rows: list[Row]) -> pa.Table:
         "weight_versions": _list_array(
             [None if r.weight_versions is None else np.asarray(r.weight_versions, dtype=np.int32) for r in rows],
             np.int32, pa.int32()),
+        "images": pa.array([list(r.images) for r in rows], pa.list_(pa.string())),
     }
     return pa.table(cols, schema=ROW_SCHEMA)
 
@@ -158,6 +162,7 @@ def table_to_rows(table: pa.Table) -> list[Row]:
     masks = _split(table["loss_mask"], np.int32)
     lps = _split(table["logprobs"], np.float32)
     versions = _split_nullable(table, "weight_versions", np.int32)
+    images = table["images"].to_pylist() if "images" in table.column_names else [None] * table.num_rows
     plain = {k: table[k].to_pylist() for k in FIELDS
              if k not in ("input_ids", "loss_mask", "logprobs") and k not in OPTIONAL}
     return [
@@ -166,6 +171,7 @@ def table_to_rows(table: pa.Table) -> list[Row]:
             loss_mask=masks[i], reward=plain["reward"][i], valid=plain["valid"][i],
             advantage=plain["advantage"][i], logprobs=lps[i], segment=plain["segment"][i],
             call_ids=plain["call_ids"][i], mask_reason=plain["mask_reason"][i], weight_versions=versions[i],
+            images=list(images[i] or ()),
         )
         for i in range(table.num_rows)
     ]

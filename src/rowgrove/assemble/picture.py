@@ -13,6 +13,7 @@ SVG by plain string building (no extra dependencies) that an HTML report can emb
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -138,11 +139,42 @@ def _header(calls: list[Call], rr: RolloutRows, rows: list[Row]) -> list[str]:
     return head
 
 
-def render_text(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None) -> str:
+def image_labels(calls: list[Call], images: Mapping[str, Sequence[str]] | None) -> dict[str, str]:
+    """A short label per image (`i1`, `i2`, ... in the order the calls first carried them) from
+    `Ledger.call_images`: {call id: its prompt's image digests}."""
+    out: dict[str, str] = {}
+    for c in sorted(calls, key=lambda c: c.ordinal):
+        for d in (images or {}).get(c.id, ()):
+            out.setdefault(d, f"i{len(out) + 1}")
+    return out
+
+
+def _image_note(call: Call, images: Mapping[str, Sequence[str]] | None, labels: dict[str, str],
+                seen: set[str]) -> str:
+    """`images i1 +i2`: the images the call's prompt carried, `+` on those it carried first."""
+    mine = list((images or {}).get(call.id, ()))
+    if not mine:
+        return ""
+    parts = [("" if d in seen else "+") + labels[d] for d in mine]
+    seen.update(mine)
+    return "images " + " ".join(parts)
+
+
+def _image_legend(labels: dict[str, str]) -> list[str]:
+    return [f"images ({len(labels)}, + = first carried by that call): "
+            + ", ".join(f"{lab} = {d[:19]}…" for d, lab in labels.items())] if labels else []
+
+
+def render_text(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None, *,
+                images: Mapping[str, Sequence[str]] | None = None) -> str:
     """A terminal drawing: a box-drawing tree per root (a call with one child continues on the
     same indent; branches fork with ├─ / └─), then the rows. `rows` defaults to `rr.rows` (pass
-    rows with advantages to show them)."""
+    rows with advantages to show them). `images` ({call id: image digests}, `Ledger.call_images`)
+    adds which images each call carried."""
     rows = rr.rows if rows is None else rows
+    labels = image_labels(calls, images)
+    seen: set[str] = set()
+    notes = {c.id: _image_note(c, images, labels, seen) for c in sorted(calls, key=lambda c: c.ordinal)}
     nodes = _kinds(calls, rr)
     roots, kids = _children(calls, nodes)
     new_trees = _new_trees(roots, nodes)
@@ -156,7 +188,8 @@ def render_text(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = Non
         while stack:
             cid, own, below = stack.pop()
             n = nodes[cid]
-            lines.append(f"{own}{n.label} {MARK[n.kind]}  {_note(n)}")
+            extra = f"  {notes[cid]}" if notes[cid] else ""
+            lines.append(f"{own}{n.label} {MARK[n.kind]}  {_note(n)}{extra}")
             ch = kids[cid]
             if len(ch) == 1:
                 stack.append((ch[0], below, below))
@@ -167,6 +200,7 @@ def render_text(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = Non
     label = {c.id: f"c{c.ordinal}" for c in calls}
     lines.append("rows:" if rows else "rows: none")
     lines.extend("  " + line for line in _row_lines(rows, label))
+    lines.extend(_image_legend(labels))
     lines.append("legend: ◉ accepted leaf (walked up to its root) · ● accepted · ✗ rejected or failed · cN = N-th call")
     return "\n".join(lines) + "\n"
 
@@ -205,9 +239,15 @@ def layout(
 COLOR = {"leaf": "#1f6feb", "accepted": "#58a6ff", "rejected": "#9e9e9e", "failed": "#d73a49", "pending": "#e3b341"}
 
 
-def render_svg(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None) -> str:
-    """A standalone SVG of the forest and its rows (plain string building; embeddable in HTML)."""
+def render_svg(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None, *,
+               images: Mapping[str, Sequence[str]] | None = None) -> str:
+    """A standalone SVG of the forest and its rows (plain string building; embeddable in HTML).
+    `images` ({call id: image digests}) labels each call with the images it carried."""
     rows = rr.rows if rows is None else rows
+    labels = image_labels(calls, images)
+    seen: set[str] = set()
+    notes = {c.id: _image_note(c, images, labels, seen) for c in sorted(calls, key=lambda c: c.ordinal)}
+    legend_images = _image_legend(labels)
     nodes, edges, rewrites = layout(calls, rr)
     dx, dy, pad, r = 56, 44, 30, 14
     lanes = max((n.y for n in nodes), default=0) + 1
@@ -217,7 +257,7 @@ def render_svg(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None
     row_lines = _row_lines(rows, label)
     top = pad + 18 * len(head) + 10
     forest_h = dy * lanes + 10
-    height = top + forest_h + 18 * (len(row_lines) + 2) + pad
+    height = top + forest_h + 18 * (len(row_lines) + 2 + len(legend_images)) + pad
 
     def at(n: Node) -> tuple[int, int]:
         return pad + dx * n.x + r, top + dy * n.y + r
@@ -252,6 +292,9 @@ def render_svg(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None
                    f'<text x="{cx}" y="{cy + 4}" text-anchor="middle" fill="white" font-size="11">{n.label}</text>')
         if n.kind in ("rejected", "failed"):
             out.append(f'<text x="{cx + r - 2}" y="{cy - r + 2}" fill="#d73a49" font-size="14">✗</text>')
+        if notes[n.call.id]:
+            out.append(f'<text x="{cx}" y="{cy + r + 11}" text-anchor="middle" fill="#8250df" font-size="9">'
+                       f'{escape(notes[n.call.id][len("images "):])}</text>')
         out.append("</g>")
     y0 = top + forest_h + 14
     out.append(f'<text x="{pad}" y="{y0}" fill="#24292f" font-weight="bold">{"rows" if rows else "rows: none"}</text>')
@@ -260,16 +303,20 @@ def render_svg(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None
                    f"{escape(line.strip())}</text>")
     legend = "square = root · ◉ dark ring = accepted leaf (walked) · blue = accepted · grey ✗ = rejected · red ✗ = failed · thick = walked chain"
     out.append(f'<text x="{pad}" y="{y0 + 18 * (len(row_lines) + 1)}" fill="#888" font-size="10">{escape(legend)}</text>')
+    for i, line in enumerate(legend_images):
+        out.append(f'<text x="{pad}" y="{y0 + 18 * (len(row_lines) + 2 + i)}" fill="#8250df" font-size="10">'
+                   f"{escape(line)}</text>")
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
 
-def render_html(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None) -> str:
+def render_html(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None, *,
+                images: Mapping[str, Sequence[str]] | None = None) -> str:
     """A standalone HTML page with the SVG embedded."""
     return (
         "<!doctype html>\n<html><head><meta charset=\"utf-8\">"
         f"<title>rowgrove · lineage of {escape(rr.rollout_id)}</title></head>\n"
-        f"<body style=\"margin:16px\">\n{render_svg(calls, rr, rows)}</body></html>\n"
+        f"<body style=\"margin:16px\">\n{render_svg(calls, rr, rows, images=images)}</body></html>\n"
     )
 
 
@@ -308,14 +355,16 @@ def render_png(calls: list[Call], rr: RolloutRows, path: str | Path, rows: list[
     return path
 
 
-def write_picture(calls: list[Call], rr: RolloutRows, path: str | Path, rows: list[Row] | None = None) -> Path:
-    """Write the picture to `path`, the format chosen by its suffix: .svg, .html or .png."""
+def write_picture(calls: list[Call], rr: RolloutRows, path: str | Path, rows: list[Row] | None = None, *,
+                  images: Mapping[str, Sequence[str]] | None = None) -> Path:
+    """Write the picture to `path`, the format chosen by its suffix: .svg, .html or .png
+    (`images`, which calls carried which images, is drawn in .svg and .html)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".svg":
-        path.write_text(render_svg(calls, rr, rows), encoding="utf-8")
+        path.write_text(render_svg(calls, rr, rows, images=images), encoding="utf-8")
     elif suffix in (".html", ".htm"):
-        path.write_text(render_html(calls, rr, rows), encoding="utf-8")
+        path.write_text(render_html(calls, rr, rows, images=images), encoding="utf-8")
     elif suffix == ".png":
         render_png(calls, rr, path, rows)
     else:

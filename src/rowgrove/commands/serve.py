@@ -18,7 +18,7 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny",
-                   help="tiny | tiny-qwen3 | tiny-llama3 | path to a Hugging Face model directory")
+                   help="tiny | tiny-qwen3 | tiny-llama3 | tiny-vl (vision) | path to a Hugging Face model directory")
     p.add_argument("--engine", default="scripted", choices=("hf", "scripted", "vllm", "sglang"),
                    help="hf: local transformers generation; scripted: deterministic replies (tests, demos); "
                         "vllm, sglang: a running server at --engine-url that serves --model")
@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--durability", default="normal", choices=("normal", "full"),
                    help="ledger commits: normal survives a process crash, full also a power loss "
                         "(SQLite synchronous=FULL, slower) (default normal)")
+    p.add_argument("--media-folder", default=None, metavar="DIR",
+                   help="let image parts name local files (file:///...) inside DIR; vision models only "
+                        "(default: file URLs are refused, send images as data: URLs)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         tool_parser=args.tool_parser, reasoning_parser=args.reasoning_parser,
         max_json_depth=args.max_json_depth, body_timeout=args.body_timeout, max_open_uploads=args.max_open_uploads,
         public_url=args.public_url, trusted_proxies=tuple(args.trusted_proxy),
-        model_name=args.served_model_name or args.model,
+        model_name=args.served_model_name or args.model, media_folder=_media_folder(args.media_folder),
     )
     if args.engine in ("vllm", "sglang") and not args.engine_url:
         raise InputError(f"--engine {args.engine} needs --engine-url, the address of the server")
@@ -209,3 +212,15 @@ def _say_model_format(tokenizer, settings) -> None:
     print(f"rowgrove: tool parser {tool or 'none'} ({how.get(settings.tool_parser, 'given')}), "
           f"reasoning parser {reasoning or 'none'} ({how.get(settings.reasoning_parser, 'given')}), "
           f"stop tokens {stops}", file=sys.stderr, flush=True)
+
+
+def _media_folder(folder: str | None) -> str | None:
+    """The --media-folder as an absolute path; InputError when it is not a directory."""
+    from rowgrove.errors import InputError
+
+    if folder is None:
+        return None
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise InputError(f"--media-folder {folder} is not a directory: pass the folder your harness saves images in")
+    return str(path.resolve())

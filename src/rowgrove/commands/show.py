@@ -27,11 +27,12 @@ def run(args: argparse.Namespace) -> int:
     with Ledger(args.ledger, readonly=True) as ledger:
         rollout = ledger.get_rollout(args.rollout)
         calls = read_calls(ledger, rollout.id)
+        images = ledger.call_images(rollout.id)  # which calls carried which images (vision models)
     # an open rollout has no record yet: its picture shows the terminal chain it would give now
     built = build_rows(rollout, calls)
     if args.out:
-        path = write_picture(calls, built, args.out)
+        path = write_picture(calls, built, args.out, images=images)
         print(f"wrote {path}: {len(calls)} calls, {len(built.rows)} rows")
     else:
-        print(render_text(calls, built), end="")
+        print(render_text(calls, built, images=images), end="")
     return 0

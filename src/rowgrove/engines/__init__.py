@@ -27,7 +27,7 @@ SERVER_OPTIONS = {"vllm": {"pause_mode"}, "sglang": {"incremental"}}
 
 def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -> Engine:
     """An engine of `kind` ("hf" | "scripted" | "vllm" | "sglang") on the model `model_spec`
-    ("tiny", "tiny-qwen3", "tiny-llama3" or an HF model directory).
+    ("tiny", "tiny-qwen3", "tiny-llama3", "tiny-vl" or an HF model directory).
 
     Local engines take `dtype`, `threads` (torch intra-op threads, process-wide), hf only
     `max_batch` (most requests per batch) and, scripted only, `workers` (forward passes at once). Server engines take `url` (required: one URL, a

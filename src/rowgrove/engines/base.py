@@ -163,9 +163,11 @@ def top_k_pairs(logp_V: torch.Tensor, k: int) -> list[tuple[int, float]]:
 
 
 def teacher_forced_logprobs(model: Any, prompt_ids: Sequence[int], token_ids: Sequence[int],
-                            top_logprobs: int = 0) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
+                            top_logprobs: int = 0, *, vision_inputs: Mapping[str, Any] | None = None,
+                            ) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
     """Log-probabilities of `token_ids` following `prompt_ids` under `model` (raw distribution,
-    temperature 1), from one forward pass without gradients; plus top alternatives if asked."""
+    temperature 1), from one forward pass without gradients; plus top alternatives if asked.
+    `vision_inputs`: a vision model's `pixel_values` / `image_grid_thw` for the prompt's images."""
     import torch
 
     if not token_ids:
@@ -173,7 +175,10 @@ def teacher_forced_logprobs(model: Any, prompt_ids: Sequence[int], token_ids: Se
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(token_ids)], device=device)
     with torch.no_grad():
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+        from rowgrove.model.vision import model_kwargs
+
+        extra = model_kwargs(ids, vision_inputs)
+        logits = model(input_ids=ids, use_cache=False, **extra).logits[0].float()
     p = len(prompt_ids)
     logp_TV = torch.log_softmax(logits[p - 1: p - 1 + len(token_ids)], dim=-1)
     target = torch.tensor(list(token_ids), device=device)

@@ -66,6 +66,7 @@ class _Request:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] | None = None
+    pixels: dict[str, Any] | None = None  # a vision model's pixel_values / image_grid_thw
 
     def resolve(self, result: Generation | None = None, error: BaseException | None = None) -> None:
         """Hand the result (or error) to the awaiting coroutine, from any thread."""
@@ -115,6 +116,11 @@ class HFEngine:
         self._pending: deque[_Request] = deque()
         self._updates: deque[_WeightUpdate] = deque()
         self._closed = False
+        from rowgrove.model.vision import vision_of
+
+        # a vision model (Qwen2-VL): 3-D rotary positions set by each prompt's images, so its
+        # requests run one at a time (`_run_alone`) instead of in the left-padded batch
+        self.vision = vision_of(tokenizer)
         self._thread = threading.Thread(target=self._worker, name="rowgrove-hf-engine", daemon=True)
         self._thread.start()
 
@@ -132,6 +138,11 @@ class HFEngine:
                        stop_checker=StopChecker(self.tokenizer, sampling.stop),
                        stop_ids=frozenset(sampling.stop_token_ids) | self.stop_ids,
                        tops=[] if sampling.top_logprobs else None)
+        images = (hints or {}).get("images") or ()
+        if images:
+            if self.vision is None:
+                raise InputError("this model takes no images: serve a vision model (e.g. --model tiny-vl)")
+            req.pixels = self.vision.pixel_inputs(images)
         with self._cond:
             if self._closed:
                 raise EngineError("hf engine is closed: create a new one")
@@ -192,6 +203,13 @@ class HFEngine:
                         if not req.cancelled.is_set():
                             admitted.append(req)
             if not active and not admitted:
+                continue
+            if self.vision is not None:
+                for req in admitted:
+                    try:
+                        self._run_alone(req)
+                    except Exception as e:  # noqa: BLE001 - reaches the caller as EngineError
+                        req.resolve(error=EngineError(f"hf engine step failed: {type(e).__name__}: {e}"))
                 continue
             try:
                 active = self._step(active, admitted, state)
@@ -289,6 +307,41 @@ class HFEngine:
             else:
                 state.clear()
         return [rows[i] for i in keep]
+
+    @torch.no_grad()
+    def _run_alone(self, r: _Request) -> None:
+        """Generate one request of a vision model to its end: a prefill with its images (the model
+        sets its 3-D positions from `image_grid_thw`), then one token per step on the KV cache.
+        Sampling, logprobs and stopping are those of `_step`."""
+        from transformers import DynamicCache
+
+        ids = torch.tensor([r.prompt], device=self.device)
+        from rowgrove.model.vision import model_kwargs
+
+        extra = model_kwargs(ids, r.pixels)
+        cache = DynamicCache()
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
+        while True:
+            self.step_batch_sizes.append(1)
+            tokens, logp = self._sample([r], out.logits[:, -1, :].float())
+            tok = int(tokens[0])
+            r.token_ids.append(tok)
+            r.logprobs.append(float(logp[0, tok]))
+            if r.tops is not None:
+                vals, idx = logp[0].topk(r.sampling.top_logprobs)
+                r.tops.append([(int(t), float(v)) for t, v in zip(idx.tolist(), vals.tolist(), strict=True)])
+            finish = None
+            if tok in r.stop_ids or r.stop_checker.hit(r.token_ids):
+                finish = "stop"
+            elif len(r.token_ids) >= r.sampling.max_tokens:
+                finish = "length"
+            if finish is not None:
+                r.resolve(Generation(token_ids=r.token_ids, logprobs=r.logprobs, finish_reason=finish,
+                                     top_logprobs=r.tops, weight_versions=[self.weights_version] * len(r.token_ids)))
+                return
+            if r.cancelled.is_set():
+                return
+            out = self.model(input_ids=tokens[:, None], past_key_values=cache, use_cache=True)
 
     def _sample(self, rows: list[_Request], logits_BV: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(sampled id per row, raw log-softmax B×V). Per row: greedy at temperature 0, else

@@ -99,6 +99,7 @@ class RemoteEngine(ABC):
     format (`_generate`, `_abort`, `_probe`, `_reload`). See the module docstring."""
 
     kind = "remote"
+    takes_images = False  # whether `generate` passes hints["images"] to the server (sglang: image_data)
 
     def __init__(self, model: str, urls: str | Sequence[str], *, timeout: float = 600.0,
                  connect_timeout: float = 10.0, api_key: str | None = None,
@@ -173,7 +174,14 @@ class RemoteEngine(ABC):
         version = self.weights_version
         self.in_flight[i] += 1
         try:
-            gen = await self._generate(self._client(), url, prompt, sampling, rid)
+            images = hints.get("images") or ()
+            if images:
+                if not self.takes_images:
+                    raise BadRequest(f"the {self.kind} engine does not pass images to its server: serve a "
+                                     "vision model with --engine sglang, hf or scripted", param="messages")
+                gen = await self._generate(self._client(), url, prompt, sampling, rid, images=images)
+            else:
+                gen = await self._generate(self._client(), url, prompt, sampling, rid)
         except asyncio.CancelledError:
             await self._abort_quietly(url, rid)
             raise

@@ -2,6 +2,9 @@
 the loaded model's real teacher-forced logprobs for it, so everything downstream (ledger, rows,
 the trainer's ratio) sees genuine numbers while the conversation stays predictable.
 
+Images: `hints["images"]` (`rowgrove.media.Image`, in prompt order) reach a vision model's tower
+(`pixel_values`, `image_grid_thw` from its processor) in the same forward pass.
+
 Reply text: `hints["script"]` when given (any text in the family's native format: a tool call,
 thinking, harmony channels), else `reply {k}` with k = `hints["ordinal"]` (the call's 1-based
 ordinal in its rollout). Tokens: the tokenizer's encoding of that text (no special tokens added),
@@ -59,6 +62,9 @@ class ScriptedEngine:
         self._updating = 0
         self._closed = False
         self.weights_version = 0
+        from rowgrove.model.vision import vision_of
+
+        self.vision = vision_of(tokenizer)  # a vision model: images in hints["images"] reach its tower
 
     def script_ids(self, sampling: SamplingParams, hints: Mapping[str, Any] | None) -> tuple[list[int], str]:
         """The token ids the engine will return for these hints and their finish reason."""
@@ -90,15 +96,21 @@ class ScriptedEngine:
             raise EngineError("scripted engine is closed: create a new one")
         prompt = check_prompt(prompt_ids, self.vocab_size)
         ids, finish = self.script_ids(sampling, hints)
+        images = (hints or {}).get("images") or ()
+        if images and self.vision is None:
+            raise InputError("this model takes no images: serve a vision model (e.g. --model tiny-vl)")
         loop = asyncio.get_running_loop()
         try:
-            lp, tops, version = await loop.run_in_executor(self._pool, self._score, prompt, ids, sampling.top_logprobs)
+            extra = (images,) if images else ()  # a text request's pass is called as before
+            lp, tops, version = await loop.run_in_executor(self._pool, self._score, prompt, ids, sampling.top_logprobs,
+                                                           *extra)
         except Exception as e:  # a model failure is the engine's, not the caller's
             raise EngineError(f"scripted engine forward pass failed: {type(e).__name__}: {e}") from e
         return Generation(token_ids=ids, logprobs=lp, finish_reason=finish, top_logprobs=tops,
                           weight_versions=[version] * len(ids))
 
-    def _score(self, prompt: list[int], ids: list[int], top_logprobs: int) -> tuple[list[float], Any, int]:
+    def _score(self, prompt: list[int], ids: list[int], top_logprobs: int,
+               images: Sequence[Any] = ()) -> tuple[list[float], Any, int]:
         """Teacher-forced logprobs and the weight version they were computed under (a worker
         thread; no update runs during the pass, so the version cannot change under it)."""
         with self._gate:
@@ -107,7 +119,8 @@ class ScriptedEngine:
             self._passes += 1
             version = self.weights_version
         try:
-            lp, tops = teacher_forced_logprobs(self.model, prompt, ids, top_logprobs)
+            pixels = self.vision.pixel_inputs(images) if images and self.vision is not None else None
+            lp, tops = teacher_forced_logprobs(self.model, prompt, ids, top_logprobs, vision_inputs=pixels)
         finally:
             with self._gate:
                 self._passes -= 1

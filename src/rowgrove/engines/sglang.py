@@ -64,7 +64,7 @@ implemented: it cannot be tested without GPUs. It would be a subclass overriding
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ class SGLangEngine(RemoteEngine):
     """
 
     kind = "sglang"
+    takes_images = True
 
     def __init__(self, model: str, urls: Any, *, stream: bool = True, incremental: bool | None = None,
                  **kw: Any):
@@ -127,8 +128,14 @@ class SGLangEngine(RemoteEngine):
         }
 
     async def _generate(self, client: ServerClient, url: str, prompt: list[int],
-                        sampling: SamplingParams, rid: str) -> Generation:
+                        sampling: SamplingParams, rid: str, images: Sequence[Any] = ()) -> Generation:
         body = self.request_body(prompt, sampling, rid)
+        if images:
+            # SGLang's GenerateReqInput.image_data: one entry per image of the prompt, in order
+            # (URLs, paths or base64 data URLs); the prompt's placeholder ids are already expanded
+            import base64
+
+            body["image_data"] = [f"data:{im.mime};base64,{base64.b64encode(im.data).decode()}" for im in images]
         held = self.weights_version  # what a version name that is not a number stands for
         reply = ReplyReader(f"sglang server {url}", rid, sampling.top_logprobs,
                             incremental=self.incremental.get(url),

@@ -2,6 +2,7 @@
 
 - `counter`: reach a target with `add(n)`; learnable by the tiny model on a CPU in minutes.
 - `lookup`: look up hidden prices, answer their sum.
+- `shapes`: count the shapes on screens drawn on the spot (images; for a vision model).
 
 `make_env(name, seed)` gives a fresh environment (one per concurrent episode), `make_tasks(name,
 n, seed)` the tasks, `synth_transcripts` the warm-up data and `task_corpus` the tokenizer text.
@@ -12,10 +13,11 @@ from __future__ import annotations
 from rowgrove.envs.base import Env, StepResult, Task, check_arguments, tool_schema
 from rowgrove.envs.counter import CounterEnv, counter_reward, make_counter_tasks
 from rowgrove.envs.lookup import LookupEnv, make_lookup_tasks
+from rowgrove.envs.shapes import ShapesEnv, make_shapes_tasks
 from rowgrove.envs.synth import POLICIES, play, synth_transcripts, task_corpus, tool_call_message
 from rowgrove.errors import InputError
 
-ENV_NAMES = ("counter", "lookup")
+ENV_NAMES = ("counter", "lookup", "shapes")
 
 
 def make_env(name: str, seed: int = 0) -> Env:
@@ -26,6 +28,8 @@ def make_env(name: str, seed: int = 0) -> Env:
         return CounterEnv()
     elif name == "lookup":
         return LookupEnv()
+    elif name == "shapes":
+        return ShapesEnv()
     raise InputError(f"unknown environment {name!r}: use one of {', '.join(ENV_NAMES)}")
 
 
@@ -37,11 +41,13 @@ def make_tasks(name: str, n: int, seed: int = 0) -> list[Task]:
         return make_counter_tasks(n, seed)
     elif name == "lookup":
         return make_lookup_tasks(n, seed)
+    elif name == "shapes":
+        return make_shapes_tasks(n, seed)
     raise InputError(f"unknown environment {name!r}: use one of {', '.join(ENV_NAMES)}")
 
 
 __all__ = [
-    "ENV_NAMES", "POLICIES", "CounterEnv", "Env", "LookupEnv", "StepResult", "Task", "check_arguments",
-    "counter_reward", "make_counter_tasks", "make_env", "make_lookup_tasks", "make_tasks", "play",
+    "ENV_NAMES", "POLICIES", "CounterEnv", "Env", "LookupEnv", "ShapesEnv", "StepResult", "Task", "check_arguments",
+    "counter_reward", "make_counter_tasks", "make_env", "make_lookup_tasks", "make_shapes_tasks", "make_tasks", "play",
     "synth_transcripts", "task_corpus", "tool_call_message", "tool_schema",
 ]

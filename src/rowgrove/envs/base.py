@@ -36,7 +36,9 @@ class Task:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one tool call did. `observation` is the tool message's content; `done` ends the
+    """What one tool call did. `observation` is the tool message's content (or a list of content
+    parts with images: the harness sends their text as the tool message and the images in a user
+    message after it, as computer-use harnesses send screenshots); `done` ends the
     episode; `reward` is the episode's reward so far (not an increment: the same number
     `Env.reward()` returns now); `info` holds environment-specific details."""
 

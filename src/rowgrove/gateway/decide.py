@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,6 +79,8 @@ class Decision:
     reason: str
     context_text: str | None = None
     drift: bool = False
+    images: list[Any] = field(default_factory=list)     # the full prompt's images, in order (vision models)
+    messages: list[Any] | None = None                   # the request's messages as hashed (file URLs as stored refs)
 
     @property
     def root(self) -> bool:
@@ -122,6 +124,10 @@ class RolloutIndex:
         self._memo: dict[tuple[Any, bytes], tuple[bytes, int]] = {}
         self._states = itertools.count(1)
         self._snapshots: list[_Snapshot] = []
+        # calls whose request carried images: image-blind summary -> call ids, and each one's
+        # image places (message, part, pixel digest): the kept-image check (gateway.images)
+        self._by_blind: dict[str, list[str]] = {}
+        self._images: dict[str, list[tuple[int, int, str]]] = {}
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -161,6 +167,25 @@ class RolloutIndex:
         self._insert(_Node(call_id, parent, np.asarray(ctx[start:], dtype=np.int32), text), summary_hash, ctx)
         if context_text is not None:
             self._remember_text(call_id, context_text)
+
+    def add_images(self, call_id: str, blind_summary: str, places: Sequence[tuple[int, int, str]]) -> None:
+        """Record the image-blind summary and image places of completed call `call_id` (a call
+        whose request carried images), for `check_kept_images`."""
+        self._by_blind.setdefault(blind_summary, []).append(call_id)
+        self._images[call_id] = list(places)
+
+    def check_kept_images(self, messages: Sequence[Any], j: int, h0: bytes) -> None:
+        """BadRequest when `messages[:j+1]` is the conversation of a call of this rollout in
+        everything but the pixels of an image that call saw (`gateway.images`)."""
+        from rowgrove.gateway.images import blind_chain, changed_image
+
+        if not self._by_blind:
+            return
+        found = self._by_blind.get(blind_chain(messages[: j + 1], h0).hex())
+        if found:
+            err = changed_image(messages, j, found[-1], self._images.get(found[-1], ()))
+            if err is not None:
+                raise err
 
     def _extends(self, ctx: list[int], parent: _Node) -> bool:
         """Whether `ctx` can start with `parent`'s context: long enough, and equal to it at both
@@ -360,12 +385,20 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
     validate_tools(tools)
     if options is not None and not isinstance(options, Mapping):
         raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
-    chain = index.chain(messages, chain_start(tools, options))
+    images: list[Any] = []
+    vision = renderer.vision
+    if vision is not None:
+        from rowgrove.gateway.images import load_request_images
+
+        messages, images = load_request_images(messages, folder=vision.folder, lookup=vision.lookup)
+    h0 = chain_start(tools, options)
+    chain = index.chain(messages, h0)
     request_hash = chain[-1].hex()
 
     def root(reason: str) -> Decision:
         r = renderer.root(messages, tools, options)
-        return Decision(None, r.ids, r.ids, request_hash, chain, reason, context_text=r.text)
+        return Decision(None, r.ids, r.ids, request_hash, chain, reason, context_text=r.text,
+                        images=images, messages=messages)
 
     j = len(messages) - 1
     while j >= 0 and messages[j].get("role") != "assistant":
@@ -379,6 +412,8 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
         return root(NOT_USER_OR_TOOL)
     found = index.candidates(chain[j].hex())
     if not found:
+        if images:
+            index.check_kept_images(messages, j, h0)  # 400 when only a kept image's pixels changed
         return root(REWRITTEN)
     parent = found[-1]
     last = index.last_token(parent)
@@ -389,7 +424,7 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
     if new is None:
         return root(NOT_SPLITTABLE)
     return Decision(parent, new.ids, index.context_list(parent) + new.ids, request_hash, chain, CONTINUATION,
-                    context_text=parent_text + new.text, drift=new.drift)
+                    context_text=parent_text + new.text, drift=new.drift, images=images, messages=messages)
 
 
 # -- validation ------------------------------------------------------------------------------------

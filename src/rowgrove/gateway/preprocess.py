@@ -31,6 +31,7 @@ import jinja2.nodes as jn
 import orjson
 
 from rowgrove.errors import BadRequest
+from rowgrove.gateway.images import is_image_part, media_content
 
 STRING = "string"
 OPENAI = "openai"
@@ -66,12 +67,19 @@ def _is_content_access(node: jn.Node) -> bool:
     return False
 
 
-def engine_message(msg: Mapping[str, Any], index: int, content_format: str = STRING) -> dict[str, Any]:
+def engine_message(msg: Mapping[str, Any], index: int, content_format: str = STRING, *,
+                   media: bool = False) -> dict[str, Any]:
     """One OpenAI message as the engine's chat endpoint passes it to the template (see the module
-    docstring). The input must already be a valid message (`decide.validate_messages`)."""
+    docstring). The input must already be a valid message (`decide.validate_messages`). With
+    `media` (a vision model) image parts are kept, as `{"type": "image", "image": <pixel digest>}`
+    in a list of parts (what vLLM hands a multimodal template), with text parts as they are."""
     role = msg.get("role")
     out: dict[str, Any] = {"role": role}
-    out["content"] = _content(msg.get("content"), index, content_format)
+    content = msg.get("content")
+    if media and isinstance(content, list) and any(is_image_part(p) for p in content):
+        out["content"] = media_content(content, index)
+    else:
+        out["content"] = _content(content, index, content_format)
     if role == "assistant":
         calls = msg.get("tool_calls")
         if calls:

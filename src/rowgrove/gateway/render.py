@@ -92,7 +92,7 @@ class Renderer:
     passes them; tools keep the key order the client sent, which is the order templates render.
     """
 
-    def __init__(self, tokenizer: Any, *, stop_ids: Sequence[int] | None = None):
+    def __init__(self, tokenizer: Any, *, stop_ids: Sequence[int] | None = None, vision: Any = None):
         if not getattr(tokenizer, "chat_template", None) or not isinstance(tokenizer.chat_template, str):
             raise InputError("the tokenizer has no chat template: load one that ships chat_template.jinja")
         self.tokenizer = tokenizer
@@ -115,6 +115,9 @@ class Renderer:
         self._special_text = {int(i): t.content for i, t in added.items() if t.special}
         self._markers: tuple[str, ...] | None = None
         self._closing: bool | None = None
+        # a vision model (`rowgrove.model.vision.Vision`): image parts are kept for the template
+        # and each image placeholder it writes is expanded as the model's processor expands it
+        self.vision = vision
 
     # -- rendering ------------------------------------------------------------------------------
 
@@ -127,11 +130,11 @@ class Renderer:
             try:
                 key = orjson.dumps(m)
             except (orjson.JSONEncodeError, TypeError):
-                out.append(engine_message(m, i, self.content_format))
+                out.append(engine_message(m, i, self.content_format, media=self.vision is not None))
                 continue
             hit = cache.get(key)
             if hit is None:
-                hit = engine_message(m, i, self.content_format)
+                hit = engine_message(m, i, self.content_format, media=self.vision is not None)
                 cache[key] = hit
                 if len(cache) > _PREPARED_CACHE:
                     cache.popitem(last=False)
@@ -195,6 +198,15 @@ class Renderer:
 
     def _render(self, prepared: list[dict[str, Any]], tools: Sequence[Any] | None,
                 options: Mapping[str, Any] | None, add_generation_prompt: bool) -> str:
+        text = self._render_template(prepared, tools, options, add_generation_prompt)
+        if self.vision is not None:
+            from rowgrove.gateway.images import prepared_images
+
+            text = self.vision.expand(text, prepared_images(prepared))
+        return text
+
+    def _render_template(self, prepared: list[dict[str, Any]], tools: Sequence[Any] | None,
+                         options: Mapping[str, Any] | None, add_generation_prompt: bool) -> str:
         opts = dict(options or {})
         clash = sorted(_RESERVED_OPTIONS.intersection(opts))
         if clash:

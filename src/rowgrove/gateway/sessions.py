@@ -92,6 +92,7 @@ class GatewaySettings:
     trusted_proxies: tuple[str, ...] = ()  # peers (addresses or networks) whose X-Forwarded-For is believed
     model_name: str | None = None      # the model GET /v1/models lists; None: the engine's, else "rowgrove"
     gc_freeze: bool = True             # freeze start-up objects out of the collector (tail latency, see app.py)
+    media_folder: str | None = None    # file:// image URLs are read only inside this folder; None: refused
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_queue", "max_open_uploads", "default_max_tokens"):
@@ -217,7 +218,9 @@ class Gateway:
         self.ledger = ledger
         self.settings = settings or GatewaySettings()
         self.tokenizer = engine.tokenizer
-        self.renderer = Renderer(self.tokenizer)
+        from rowgrove.gateway.images import gateway_vision
+
+        self.renderer = Renderer(self.tokenizer, vision=gateway_vision(self.tokenizer, ledger, self.settings.media_folder))
         self.stop_ids = self.renderer.stop_ids
         self.eot_id = self.renderer.end_of_turn_id
         self.tool_parser, self.reasoning_parser = choose_parsers(self.tokenizer.chat_template, self.settings)
@@ -315,6 +318,10 @@ class Gateway:
     def _index(self, session: RolloutSession) -> RolloutIndex:
         if session.index is None:
             session.index = RolloutIndex.from_calls(self.ledger.calls(session.rollout_id))
+            if self.renderer.vision is not None:  # the kept-image evidence, as the ledger holds it
+                for cid, (blind, places) in self.ledger.image_summaries(session.rollout_id).items():
+                    if cid in session.index:
+                        session.index.add_images(cid, blind, places)
         return session.index
 
     # -- one call ---------------------------------------------------------------------------
@@ -378,6 +385,9 @@ class Gateway:
                 raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
         plan = decide(self._index(session), req.messages, self.renderer, tools=req.tools,
                       options=req.chat_template_kwargs)
+        if plan.images and not getattr(self.engine, "takes_images", True):  # refused before the ledger
+            raise BadRequest(f"the {getattr(self.engine, 'kind', 'configured')} engine does not pass images to its "
+                             "server: serve a vision model with --engine sglang, hf or scripted", param="messages")
         req = self._fit_context(req, len(plan.full_prompt_ids))
         if self.in_flight >= self.settings.max_queue:
             raise Overloaded(
@@ -394,6 +404,8 @@ class Gateway:
             request_key=key,
             history_drift=plan.drift,
         )
+        if plan.images:
+            self._store_images(call.id, plan)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_consume_exception)
         session.inflight[key] = fut
@@ -440,6 +452,8 @@ class Gateway:
         # rollout_id keeps a rollout on one server (prefix cache); call_id names the request there
         hints = {"ordinal": call.ordinal, "script": req.script, "rollout_id": session.rollout_id,
                  "call_id": call.id}
+        if plan.images:
+            hints["images"] = plan.images  # rowgrove.media.Image, in prompt order: the engine's pixels
         # the weights the engine holds as it is asked: every token's version when it reports none
         version_before = getattr(self.engine, "weights_version", 0)
         t0 = time.perf_counter()
@@ -506,7 +520,28 @@ class Gateway:
             text = None if plan.context_text is None else plan.context_text + self.renderer.decode(gen.token_ids)
             session.index.add_call(call.id, summary, plan.full_prompt_ids + list(gen.token_ids),
                                    parent_id=plan.parent_id, context_text=text)
+            if plan.images and plan.messages is not None:
+                from rowgrove.gateway.images import blind_summary
+                from rowgrove.hashing import chain_start, message_hash
+                from rowgrove.media import image_positions
+
+                blind = blind_summary(plan.messages, chain_start(req.tools, req.chat_template_kwargs),
+                                      message_hash(message))
+                self.ledger.set_image_summary(call.id, blind)
+                session.index.add_images(
+                    call.id, blind,
+                    [(i, k, img.digest) for (i, k, _), img in zip(image_positions(plan.messages), plan.images,
+                                                                   strict=True)])
         return body
+
+    def _store_images(self, call_id: str, plan: Decision) -> None:
+        """Each image of the call's prompt stored once in the ledger, and the call's list of them."""
+        vision = self.renderer.vision
+        from rowgrove.media import image_positions
+
+        self.ledger.put_images(plan.images, vision.config_record() if vision is not None else None)
+        places = [(i, k) for i, k, _ in image_positions(plan.messages)] if plan.messages is not None else None
+        self.ledger.link_images(call_id, [img.digest for img in plan.images], places)
 
     def _response(self, req: ChatRequest, call: Call, plan: Decision, gen: Any) -> tuple[dict, dict, str]:
         """(completion body, the assistant message it carries, finish reason)."""
@@ -572,6 +607,11 @@ class Gateway:
             raise BadRequest(f"'valid' must be true or false, got {valid!r}", param="valid")
         if session.finished:
             raise Conflict(f"rollout {session.rollout_id} is already finished: start a new rollout")
+        if self.renderer.vision is not None:  # images stored once, the record keeps references
+            from rowgrove.gateway.images import store_record_images
+
+            record = store_record_images(record, self.ledger, self.renderer.vision.config_record(),
+                                         folder=self.settings.media_folder)
         ro = self.ledger.finish_rollout(session.rollout_id, record, float(reward), valid)
         session.finished = True
         session.index = None

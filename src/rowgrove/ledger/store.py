@@ -27,7 +27,7 @@ import orjson
 from rowgrove.errors import Conflict, InputError, NotFound
 from rowgrove.types import Call, Rollout
 
-SCHEMA_VERSION = 3  # 2: calls.history_drift; 3: calls.weight_versions (older ledgers are migrated on open)
+SCHEMA_VERSION = 4  # 2: calls.history_drift; 3: calls.weight_versions; 4: media tables (older ledgers are migrated on open)
 # how the error of a call that completed but whose response did not reach the client begins
 UNDELIVERED = "not delivered to the client"
 
@@ -79,6 +79,30 @@ CREATE TABLE IF NOT EXISTS calls (
     completed_at  REAL,
     UNIQUE (rollout_id, ordinal)
 );
+CREATE TABLE IF NOT EXISTS media (                 -- each image once, named by its pixels (rowgrove.media)
+    digest      TEXT PRIMARY KEY,                  -- pixels:<sha256 of size + RGB bytes>
+    mime        TEXT NOT NULL,
+    width       INTEGER NOT NULL,
+    height      INTEGER NOT NULL,
+    data        BLOB NOT NULL,                     -- the bytes it first came as (decode to the same pixels)
+    processor   TEXT REFERENCES processors(id)     -- what makes the model's processed form from the bytes
+);
+CREATE TABLE IF NOT EXISTS processors (
+    id          TEXT PRIMARY KEY,                  -- sha256 of config
+    config      BLOB NOT NULL                      -- JSON: processor class, image processor settings, transformers version
+);
+CREATE TABLE IF NOT EXISTS call_media (            -- the images of a call's full prompt, in order
+    call_id     TEXT NOT NULL REFERENCES calls(id),
+    position    INTEGER NOT NULL,
+    digest      TEXT NOT NULL REFERENCES media(digest),
+    message     INTEGER,                           -- where the request held it: messages[message].content[part]
+    part        INTEGER,
+    PRIMARY KEY (call_id, position)
+);
+CREATE TABLE IF NOT EXISTS call_image_summaries (  -- the kept-image check's evidence (gateway.images)
+    call_id       TEXT PRIMARY KEY REFERENCES calls(id),
+    blind_summary TEXT NOT NULL                    -- summary hash with image parts counted without pixels
+);
 CREATE INDEX IF NOT EXISTS calls_by_rollout ON calls (rollout_id, ordinal);
 CREATE INDEX IF NOT EXISTS calls_by_request_key ON calls (rollout_id, request_key);
 CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts (status, created_at);
@@ -89,7 +113,7 @@ _CALL_COLUMNS = (
     "logprobs, finish_reason, request_hash, summary_hash, response_hash, request_key, response, "
     "error, created_at, completed_at, history_drift, weight_versions"
 )
-_OLD_VERSIONS = ("1", "2")  # migrated on a writable open, read as they are on a read-only one
+_OLD_VERSIONS = ("1", "2", "3")  # migrated on a writable open, read as they are on a read-only one
 _ROLLOUT_COLUMNS = (
     "id, group_id, api_key, status, metadata, reward, valid, record, created_at, finished_at"
 )
@@ -541,6 +565,98 @@ class Ledger:
         for r in ros:
             ro = _rollout_from_row(r)
             yield ro, self.calls(ro.id)
+
+    # -- media (images, stored once; rowgrove.ledger.media reads them back) ------------------
+
+    def put_images(self, images: Sequence[Any], processor: dict[str, Any] | None = None) -> None:
+        """Store each image (`rowgrove.media.Image`) once, by pixel digest, with the processor
+        settings that make its processed form; an image already stored is left as it is."""
+        import hashlib
+
+        pid = None
+        blob = None
+        if processor is not None:
+            blob = orjson.dumps(processor, option=orjson.OPT_SORT_KEYS)
+            pid = hashlib.sha256(blob).hexdigest()[:32]
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if pid is not None:
+                    self._db.execute("INSERT OR IGNORE INTO processors(id, config) VALUES (?, ?)", (pid, blob))
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO media(digest, mime, width, height, data, processor) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(im.digest, im.mime, im.width, im.height, im.data, pid) for im in images])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def link_images(self, call_id: str, digests: Sequence[str],
+                    places: Sequence[tuple[int, int]] | None = None) -> None:
+        """Record the images of call `call_id`'s full prompt, in order (stored with put_images),
+        and where its request held each one ((message, part) pairs, when given)."""
+        at = list(places) if places is not None else [(None, None)] * len(digests)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO call_media(call_id, position, digest, message, part) VALUES (?, ?, ?, ?, ?)",
+                    [(call_id, k, d, i, j) for k, (d, (i, j)) in enumerate(zip(digests, at, strict=True))])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def call_images(self, rollout_id: str) -> dict[str, list[str]]:
+        """{call id: its full prompt's image digests in order} for the rollout's calls that had images."""
+        if "call_media" not in self._tables():
+            return {}
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT m.call_id, m.digest FROM call_media m JOIN calls c ON c.id = m.call_id "
+                "WHERE c.rollout_id=? ORDER BY m.call_id, m.position", (rollout_id,)).fetchall()
+        out: dict[str, list[str]] = {}
+        for cid, digest in rows:
+            out.setdefault(cid, []).append(digest)
+        return out
+
+    def set_image_summary(self, call_id: str, blind_summary: str) -> None:
+        """Record a completed call's image-blind summary (`gateway.images.blind_summary`)."""
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO call_image_summaries(call_id, blind_summary) VALUES (?, ?)",
+                             (call_id, blind_summary))
+
+    def image_summaries(self, rollout_id: str) -> dict[str, tuple[str, list[tuple[int, int, str]]]]:
+        """{call id: (image-blind summary, [(message, part, digest), ...])} of the rollout's calls
+        that recorded one: what the gateway's kept-image check rebuilds after a restart."""
+        if "call_image_summaries" not in self._tables():
+            return {}
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.call_id, s.blind_summary, m.message, m.part, m.digest FROM call_image_summaries s "
+                "JOIN calls c ON c.id = s.call_id JOIN call_media m ON m.call_id = s.call_id "
+                "WHERE c.rollout_id=? AND m.message IS NOT NULL ORDER BY s.call_id, m.position",
+                (rollout_id,)).fetchall()
+        out: dict[str, tuple[str, list[tuple[int, int, str]]]] = {}
+        for cid, blind, i, k, digest in rows:
+            out.setdefault(cid, (blind, []))[1].append((int(i), int(k), digest))
+        return out
+
+    def get_image_record(self, digest: str) -> tuple[str, int, int, bytes, Any] | None:
+        """(mime, width, height, bytes, processor config or None) of a stored image, or None."""
+        if "media" not in self._tables():
+            return None
+        with self._lock:
+            r = self._db.execute(
+                "SELECT m.mime, m.width, m.height, m.data, p.config FROM media m "
+                "LEFT JOIN processors p ON p.id = m.processor WHERE m.digest=?", (digest,)).fetchone()
+        if r is None:
+            return None
+        return r[0], int(r[1]), int(r[2]), bytes(r[3]), _unjson(r[4])
+
+    def _tables(self) -> set[str]:
+        with self._lock:
+            return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
     def count(self, status: str | None = None) -> int:
         """Number of rollouts (optionally with this status)."""

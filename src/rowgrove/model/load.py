@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 TINY_SPECS = {"tiny": "chatml", "tiny-chatml": "chatml", "tiny-qwen3": "qwen3", "tiny-llama3": "llama3"}
+TINY_VL_SPECS = ("tiny-vl",)  # the tiny Qwen2-VL-style vision-language model (rowgrove.model.tiny_vl)
 
 # End-of-turn tokens of the chat formats rowgrove knows, most specific first: the token a
 # template writes after an assistant turn, which the model samples to end it.
@@ -38,10 +39,14 @@ def model_dir(spec: str) -> Path:
         from rowgrove.model.tiny import tiny_model_dir
 
         return tiny_model_dir(TINY_SPECS[spec])
+    if spec in TINY_VL_SPECS:
+        from rowgrove.model.tiny_vl import tiny_vl_dir
+
+        return tiny_vl_dir()
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file() and not (path / "tokenizer.json").is_file():
         raise InputError(
-            f"model {spec!r} is neither a tiny spec ({', '.join(TINY_SPECS)}) nor a Hugging Face "
+            f"model {spec!r} is neither a tiny spec ({', '.join([*TINY_SPECS, *TINY_VL_SPECS])}) nor a Hugging Face "
             "model directory (no config.json or tokenizer.json there): pass one of those"
         )
     return path
@@ -78,7 +83,15 @@ def load_model(spec: str, *, device: str = "cpu", dtype: Any = None) -> tuple[Pr
             raise InputError(f"unknown dtype {dtype!r}: use e.g. float32, bfloat16") from None
     hf_logging.disable_progress_bar()
     kwargs: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir(spec)), **kwargs)
+    folder = model_dir(spec)
+    from rowgrove.model.vision import is_vision_model
+
+    if is_vision_model(folder):  # a VLM: its vision tower is part of the model, not a causal LM
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(str(folder), **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
     model.to(device)
     model.eval()
     return model, tok

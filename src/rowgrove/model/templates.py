@@ -212,6 +212,20 @@ _LLAMA3 = _MACROS + r"""
 """
 
 
+# Qwen2-VL-style: ChatML as above, with each image part written as Qwen2-VL's chat template writes
+# it, `<|vision_start|><|image_pad|><|vision_end|>` (one `<|image_pad|>`, which the processor then
+# expands to one pad per merged patch of that image), and text parts written as they are.
+_IMAGE_PART = (
+    "{%- elif part.type == 'image' or part.type == 'image_url' or 'image' in part or 'image_url' in part -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}\n"
+)
+_MACROS_VL = _MACROS.replace(
+    "{%- if part.type == 'text' -%}{{- part.text -}}\n",
+    "{%- if part.type == 'text' -%}{{- part.text -}}\n" + _IMAGE_PART,
+).replace("only text parts can be rendered", "only text and image parts can be rendered")
+_CHATML_VL = _MACROS_VL + _CHATML[len(_MACROS):]
+
+
 def _compact(jinja: str) -> str:
     """The template text as saved: leading/trailing blank lines removed (whitespace inside is
     controlled by the `-` markers, so indentation never reaches the rendering)."""
@@ -222,6 +236,7 @@ TEMPLATES: dict[str, TemplateSpec] = {
     "chatml": TemplateSpec("chatml", _compact(_CHATML), end_of_turn="<|im_end|>", bos=None),
     "qwen3": TemplateSpec("qwen3", _compact(_QWEN3), end_of_turn="<|im_end|>", bos=None),
     "llama3": TemplateSpec("llama3", _compact(_LLAMA3), end_of_turn="<|eot_id|>", bos="<|begin_of_text|>"),
+    "qwen2-vl": TemplateSpec("qwen2-vl", _compact(_CHATML_VL), end_of_turn="<|im_end|>", bos=None),
 }
 
 

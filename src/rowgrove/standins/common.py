@@ -161,7 +161,8 @@ class Segment:
 
 
 async def sample_segments(engine: Any, prompt: list[int], sampling: Any, *, segment: int = 4,
-                          stop_ids: frozenset[int] = frozenset()) -> AsyncIterator[Segment]:
+                          stop_ids: frozenset[int] = frozenset(),
+                          hints: Any = None) -> AsyncIterator[Segment]:
     """Sample a turn `segment` tokens at a time, yielding each piece as it is sampled.
 
     Between pieces the engine may load new weights (the hf engine applies an update only when no
@@ -169,6 +170,7 @@ async def sample_segments(engine: Any, prompt: list[int], sampling: Any, *, segm
     the middle of a request. Stop ids end the turn (kept); a stop string ends it at the first
     token whose decoded tail holds it (kept); max_tokens ends it with "length". Each piece is
     seeded from the request's seed and the piece's position, so a seeded request repeats.
+    `hints` reach the engine with every piece (`{"images": [...]}` for a vision request).
     """
     from rowgrove.engines.base import StopChecker
 
@@ -180,7 +182,8 @@ async def sample_segments(engine: Any, prompt: list[int], sampling: Any, *, segm
         n = min(segment, sampling.max_tokens - len(out))
         seed = None if sampling.seed is None else (sampling.seed * 1_000_003 + k) % 2**63
         piece = dataclasses.replace(sampling, max_tokens=n, stop=(), seed=seed)
-        gen = await engine.generate(prompt + out, piece)
+        # hints (a vision request's images) only when there are any: test engines may take none
+        gen = await (engine.generate(prompt + out, piece, hints=hints) if hints else engine.generate(prompt + out, piece))
         versions = gen.weight_versions or [getattr(engine, "weights_version", 0)] * len(gen.token_ids)
         ids, lps, tops = [], [], []
         finish = None

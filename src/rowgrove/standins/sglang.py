@@ -138,6 +138,7 @@ class _Run:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     task: asyncio.Task | None = None
     logprob_start: int = -1                            # logprob_start_len
+    images: list[Any] = field(default_factory=list)    # image_data decoded (rowgrove.media.Image), in order
     input_triples: list[list[Any]] | None = None       # prompt logprobs, when logprob_start >= 0
 
 
@@ -230,6 +231,17 @@ class _SGLangStandin:
         text, ids = obj.get("text"), obj.get("input_ids")
         if obj.get("input_embeds") is not None:
             raise ValueError("the stand-in does not take input_embeds")
+        images = obj.get("image_data")
+        if images is not None and (not isinstance(images, list) or not all(isinstance(u, str) and u for u in images)):
+            raise ValueError("image_data must be a list of image URLs, paths or base64 data URLs")
+        decoded = []
+        if images:
+            from rowgrove.media import MediaError, load_url
+
+            try:  # the stand-in reads data URLs only (SGLang also fetches URLs and reads paths)
+                decoded = [load_url(u) for u in images]
+            except MediaError as e:
+                raise ValueError(f"image_data: {e}") from None
         if (text is None) == (ids is None):
             raise ValueError("Either text, input_ids or input_embeds should be provided.")  # [IO]
         if ids is not None:
@@ -292,7 +304,8 @@ class _SGLangStandin:
         except InputError as e:
             raise ValueError(str(e)) from None
         return _Run(rid=rid, prompt=prompt, sampling=sampling, params=params, top_n=int(top_n),
-                    return_text=bool(obj.get("return_text_in_logprobs")), fault=fault, logprob_start=start)
+                    return_text=bool(obj.get("return_text_in_logprobs")), fault=fault, logprob_start=start,
+                    images=decoded)
 
     def _start(self, run: _Run) -> None:
         self.runs[run.rid] = run
@@ -317,7 +330,8 @@ class _SGLangStandin:
                 full = [[None, run.prompt[0], None]] + [[lp, t, None] for lp, t in zip(lps, run.prompt[1:], strict=True)]
                 run.input_triples = full[run.logprob_start:]
             stops = frozenset(run.sampling.stop_token_ids)
-            segments = sample_segments(self.engine, run.prompt, run.sampling, segment=self.segment, stop_ids=stops)
+            segments = sample_segments(self.engine, run.prompt, run.sampling, segment=self.segment, stop_ids=stops,
+                                       hints={"images": run.images} if run.images else None)
             async with contextlib.aclosing(segments):
                 async for seg in segments:
                     name = self.names.get(seg.version, self.version)
@@ -523,7 +537,7 @@ class _SGLangStandin:
         return json_response({
             "model_path": str(self.model_path), "tokenizer_path": str(self.model_path), "is_generation": True,
             "preferred_sampling_params": None, "weight_version": self.version,
-            "has_image_understanding": False, "has_audio_understanding": False,
+            "has_image_understanding": getattr(self.engine, "vision", None) is not None, "has_audio_understanding": False,
             "model_type": cfg.get("model_type"), "architectures": cfg.get("architectures"),
         })
 

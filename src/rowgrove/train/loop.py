@@ -333,7 +333,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                                   microbatch_tokens=cfg.microbatch_tokens, clip_eps=cfg.clip_eps,
                                   seed=_mix(cfg.seed, step, 2) % 2**31, packed=cfg.packed,
                                   max_grad_norm=cfg.max_grad_norm, scheduler=scheduler,
-                                  ref_model=ref_model, kl_coef=cfg.kl_coef)
+                                  ref_model=ref_model, kl_coef=cfg.kl_coef,
+                                  vision_inputs=row_vision_inputs(tok, ledger))
             model.eval()
             engine.update_weights(model.state_dict())
             extra["weights_version"] = int(engine.weights_version)
@@ -372,6 +373,28 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
     return _finish(run_dir, cfg, extra, lineages, time.time() - t_start, read_metrics(run_dir))
 
 
+def row_vision_inputs(tokenizer: Any, ledger: Any) -> Any:
+    """For a vision model, `row -> pixel inputs of its images` (read from the ledger's media
+    table, processed by the model's own image processor); None for a text model."""
+    from rowgrove.model.vision import vision_of
+
+    vision = vision_of(tokenizer)
+    if vision is None:
+        return None
+    from rowgrove.errors import RowgroveError
+    from rowgrove.gateway.images import stored_image
+
+    def inputs(row: Row) -> dict[str, Any]:
+        images = [stored_image(ledger, d) for d in row.images]
+        missing = [d for d, im in zip(row.images, images, strict=True) if im is None]
+        if missing:
+            raise RowgroveError(f"row of rollout {row.rollout_id} names images the ledger does not hold "
+                                f"({', '.join(missing[:2])}): train from the ledger that captured it")
+        return vision.pixel_inputs(images)
+
+    return inputs
+
+
 def _mask_stale(rows: list[Row], current: int, max_staleness: int) -> tuple[list[Row], dict[str, Any]]:
     """`mask_stale` on the step's rows, and its metrics: stale_rollouts (rollouts masked as more
     than `max_staleness` versions behind `current`), staleness_max (the largest staleness of a
@@ -394,7 +417,7 @@ def _lineages(ledger: Any, built: list[Any], k: int = 3) -> list[tuple[str, str]
         calls = read_calls(ledger, rr.rollout_id)
         title = (f"rollout {rr.rollout_id}: reward {res.reward:.2f}, {len(rr.rows)} rows, "
                  f"{res.compactions} compactions, {res.rejected} rejected")
-        pics.append((title, render_svg(calls, rr, rr.rows)))
+        pics.append((title, render_svg(calls, rr, rr.rows, images=ledger.call_images(rr.rollout_id))))
     return pics
 
 

@@ -101,6 +101,7 @@ class MicroBatch:
     cu_seqlens: torch.Tensor | None  # int32 [K+1] when packed
     attention_mask: torch.Tensor | None  # [B, L] when padded
     n_tokens: int                  # real (non-padding) tokens
+    vision: dict[str, Any] | None = None  # a vision model's pixel inputs for the rows' images (model.vision)
 
 
 def _shifted(row: Row, w_T: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -183,9 +184,31 @@ def build_microbatches(rows: Sequence[Row], weights: Sequence[np.ndarray], *, ca
     return out
 
 
+def row_microbatches(rows: Sequence[Row], weights: Sequence[np.ndarray], vision_inputs: Any, *,
+                     device: str | torch.device = "cpu") -> list[MicroBatch]:
+    """One padded micro-batch per row, carrying `vision_inputs(row)` (None for a row without
+    images): a vision model's images go with their own row. The loss is a weighted sum, so how
+    rows are grouped into micro-batches never changes the gradient."""
+    out = []
+    for row, w in zip(rows, weights, strict=True):
+        (mb,) = build_microbatches([row], [w], capacity=len(row.input_ids), packed=False, device=device)
+        mb.vision = vision_inputs(row) if row.images else None
+        out.append(mb)
+    return out
+
+
 def microbatch_logits(model: Any, mb: MicroBatch) -> torch.Tensor:
     """Logits [n, V] at the micro-batch's trained positions (in row-major order of `mb.trained`)."""
     keep = mb.trained.any(dim=0).nonzero().squeeze(-1)  # positions trained in any row
+    if mb.vision is not None:
+        # a vision model recomputes its image features from the pixels; its 3-D rotary positions
+        # come from the ids and image grids, so no position_ids are passed
+        from rowgrove.model.vision import model_kwargs
+
+        _use_attention(model, "sdpa")
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=keep,
+                       use_cache=False, **model_kwargs(mb.input_ids, mb.vision)).logits
+        return logits[mb.trained[:, keep]]
     if mb.cu_seqlens is not None:
         _use_attention(model, VARLEN)
         cu = mb.cu_seqlens
@@ -247,11 +270,13 @@ def ppo_clip_loss(model: Any, mb: MicroBatch, clip_eps: float, *, ref_model: Any
 def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[Row], *, loss_mode: str = "token-mean",
                   rollouts_per_minibatch: int = 32, microbatch_tokens: int = 4096, clip_eps: float = 0.2,
                   seed: int = 0, packed: bool = True, max_grad_norm: float = 1.0,
-                  scheduler: Any = None, ref_model: Any = None, kl_coef: float = 0.0) -> dict[str, float]:
+                  scheduler: Any = None, ref_model: Any = None, kl_coef: float = 0.0,
+                  vision_inputs: Any = None) -> dict[str, float]:
     """Train `model` on rows that carry advantages: one optimizer step per mini-batch of whole
     rollouts (`rowgrove.algo.minibatches(rows, rollouts_per_minibatch, seed=seed)`), whatever the
     row count. Returns mean metrics over trained tokens: loss (sum over updates), clip_fraction,
-    approx_kl, entropy, ref_kl, tokens_trained, updates. `ref_model`/`kl_coef`: see ppo_clip_loss."""
+    approx_kl, entropy, ref_kl, tokens_trained, updates. `ref_model`/`kl_coef`: see ppo_clip_loss.
+    `vision_inputs(row)`: a vision model's pixel inputs for a row with images (`row_microbatches`)."""
     missing = [r.rollout_id for r in rows if r.valid and r.advantage is None]
     if missing:
         raise InputError(f"{len(missing)} valid rows have no advantage ({name_some(missing)}): "
@@ -264,7 +289,9 @@ def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[R
     for mb_rows in mbs:
         weights = loss_weights(mb_rows, loss_mode)
         optimizer.zero_grad(set_to_none=True)
-        for micro in build_microbatches(mb_rows, weights, capacity=microbatch_tokens, packed=packed, device=device):
+        micros = (row_microbatches(mb_rows, weights, vision_inputs, device=device) if vision_inputs is not None
+                  else build_microbatches(mb_rows, weights, capacity=microbatch_tokens, packed=packed, device=device))
+        for micro in micros:
             if not bool(micro.trained.any()):
                 continue
             loss, stats = ppo_clip_loss(model, micro, clip_eps, ref_model=ref_model, kl_coef=kl_coef)

@@ -1,0 +1,118 @@
+"""The tiny vision-language model, built offline in seconds as the tiny text model is: the same
+byte-level BPE tokenizer (plus Qwen2-VL's vision tokens), a Qwen2-VL-style chat template, a
+random-init `Qwen2VLForConditionalGeneration` (2 text layers x 64 hidden, a 1-block vision tower
+of 32 channels, patch 14, 2x2 merge) and Qwen2-VL's image processor with a small pixel budget
+(56x56 to 112x112 after resizing: 4 to 16 placeholder tokens per image), saved as a normal HF
+model directory with `processor_config.json`.
+
+Served as `--model tiny-vl` by the `hf` and `scripted` engines. Deterministic and cached like
+`rowgrove.model.tiny` (same config -> byte-identical files; a complete build is reused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from rowgrove.model.templates import get_template
+from rowgrove.model.tiny import PAD_TOKEN, _build_cached, _complete_hash, _train_tokenizer, cache_root
+from rowgrove.model.vision import VISION_TOKENS
+
+BUILDER_VERSION = 1
+MARKER = "rowgrove-tiny.json"
+TEMPLATE = "qwen2-vl"
+MIN_PIXELS = 56 * 56
+MAX_PIXELS = 112 * 112
+
+
+def config_hash(*, seed: int, layers: int, hidden: int, vocab_size: int, min_pixels: int, max_pixels: int) -> str:
+    """A short hash naming one tiny-vl configuration (and the builder version)."""
+    cfg = {"builder": BUILDER_VERSION, "kind": "tiny-vl", "seed": seed, "layers": layers, "hidden": hidden,
+           "vocab_size": vocab_size, "min_pixels": min_pixels, "max_pixels": max_pixels}
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _write(out: Path, *, seed: int, layers: int, hidden: int, vocab_size: int, min_pixels: int,
+           max_pixels: int, chash: str) -> None:
+    import torch
+    from tokenizers import AddedToken
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from transformers.utils import logging as hf_logging
+
+    from rowgrove.model.vision import processor_class
+
+    hf_logging.disable_progress_bar()
+    spec = get_template(TEMPLATE)
+    raw = _train_tokenizer(seed, vocab_size, ())
+    raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token=spec.end_of_turn, pad_token=PAD_TOKEN,
+        model_max_length=8192, clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = spec.jinja
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
+    processor = processor_class()(image_processor=image_processor, tokenizer=tokenizer, chat_template=spec.jinja)
+    processor.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+    eot = raw.token_to_id(spec.end_of_turn)
+    pad = raw.token_to_id(PAD_TOKEN)
+    heads = 4
+    half = hidden // heads // 2  # rotary frequencies per head, split over (time, height, width)
+    section = [half - 2 * (half // 3), half // 3, half // 3]
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": raw.get_vocab_size(), "hidden_size": hidden, "intermediate_size": hidden * 2,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": 2,
+            "max_position_embeddings": 8192, "eos_token_id": eot, "pad_token_id": pad, "bos_token_id": None,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
+        },
+        vision_config={"depth": 1, "embed_dim": 32, "hidden_size": hidden, "num_heads": 2, "mlp_ratio": 2,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        image_token_id=raw.token_to_id("<|image_pad|>"), video_token_id=raw.token_to_id("<|video_pad|>"),
+        vision_start_token_id=raw.token_to_id("<|vision_start|>"),
+        vision_end_token_id=raw.token_to_id("<|vision_end|>"), tie_word_embeddings=True,
+    )
+    config.tokenizer_class = "PreTrainedTokenizerFast"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(eos_token_id=eot, pad_token_id=pad, do_sample=True)
+    model.save_pretrained(out, safe_serialization=True)
+    cfg_path = out / "tokenizer_config.json"
+    tcfg = json.loads(cfg_path.read_text())
+    tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(tcfg, indent=2, sort_keys=True) + "\n")
+    (out / MARKER).write_text(json.dumps({"config_hash": chash, "kind": "tiny-vl", "template": TEMPLATE,
+                                          "seed": seed, "layers": layers, "hidden": hidden,
+                                          "vocab_size": vocab_size, "min_pixels": min_pixels,
+                                          "max_pixels": max_pixels}, sort_keys=True) + "\n")
+
+
+def build_tiny_vl(out_dir: str | Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vocab_size: int = 1024,
+                  min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> Path:
+    """Build the tiny VLM into `out_dir` and return it (deterministic, cached, safe against
+    concurrent builders, as `build_tiny_model`)."""
+    from rowgrove.errors import InputError
+
+    if hidden % 4 or hidden < 32 or layers < 1:
+        raise InputError(f"tiny-vl needs hidden a multiple of 4 (>= 32) and layers >= 1, got hidden={hidden}, layers={layers}")
+    out = Path(out_dir)
+    chash = config_hash(seed=seed, layers=layers, hidden=hidden, vocab_size=vocab_size,
+                        min_pixels=min_pixels, max_pixels=max_pixels)
+    return _build_cached(out, chash, lambda tmp: _write(tmp, seed=seed, layers=layers, hidden=hidden,
+                                                        vocab_size=vocab_size, min_pixels=min_pixels,
+                                                        max_pixels=max_pixels, chash=chash),
+                         complete_hash=_complete_hash, kind="tiny-vl")
+
+
+def tiny_vl_dir(seed: int = 0) -> Path:
+    """The default tiny VLM under the cache root, built on first use."""
+    chash = config_hash(seed=seed, layers=2, hidden=64, vocab_size=1024, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    return build_tiny_vl(cache_root() / f"tiny-vl-{chash}", seed=seed)
+
+
+__all__ = ["build_tiny_vl", "tiny_vl_dir"]
