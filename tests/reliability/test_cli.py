@@ -134,7 +134,7 @@ def test_train_refuses_an_unknown_agent_option_and_writes_nothing(tmp_path, caps
     assert main(argv) == 2
     line = one_line(capsys.readouterr().err)
     assert line.startswith("rowgrove train: unknown agent option 'keep_round' (did you mean keep_rounds?)")
-    assert "known options are max_actions, max_resamples, compaction, keep_rounds, every_k" in line
+    assert "known options are max_actions, max_resamples, compaction, keep_images, keep_rounds, every_k" in line
     assert not out.exists()  # no run directory, no config.json
 
 
