@@ -230,9 +230,14 @@ def collect_rows(ledger: Any, results: list[Any]) -> tuple[list[Row], list[Any]]
 
 # ---- the loop ---------------------------------------------------------------------------------
 
-def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSummary:
+def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print, seam: Any = None) -> RunSummary:
     """Run (or, with `resume`, continue) the GRPO run `cfg` describes in `cfg.out`; see the module
-    docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there."""
+    docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there.
+
+    `seam` swaps rowgrove's own step from rows to loss (assign_advantages, then loss_weights) for
+    another, so that a benchmark can train with a known defect switched on (bench/bench_seam.py):
+    a callable `seam(step=, rows=, built=, ledger=, model=, tokenizer=, cfg=)` returning (rows
+    with advantages, the weight function update_policy is to use, extra metrics for the step)."""
     from rowgrove.algo import assign_advantages
     from rowgrove.envs import make_tasks
     from rowgrove.gateway.testing import start_gateway
@@ -327,8 +332,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                 # the version the engine holds now, before this step's update
                 rows, stale_rec = _mask_stale(rows, engine.weights_version, cfg.max_staleness)
             t1 = time.time()
-            rows = assign_advantages(rows, estimator=cfg.estimator, scale_by_std=cfg.scale_by_std)
-            stats = update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode,
+            if seam is None:
+                rows = assign_advantages(rows, estimator=cfg.estimator, scale_by_std=cfg.scale_by_std)
+                weight_fn, seam_rec = None, {}
+            else:
+                rows, weight_fn, seam_rec = seam(step=step, rows=rows, built=built, ledger=ledger, model=model,
+                                                 tokenizer=tok, cfg=cfg)
+            stats = update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode, weight_fn=weight_fn,
                                   rollouts_per_minibatch=cfg.rollouts_per_minibatch,
                                   microbatch_tokens=cfg.microbatch_tokens, clip_eps=cfg.clip_eps,
                                   seed=_mix(cfg.seed, step, 2) % 2**31, packed=cfg.packed,
@@ -353,7 +363,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                 "clip_fraction": stats["clip_fraction"], "approx_kl": stats["approx_kl"],
                 "entropy": stats["entropy"], "ref_kl": stats["ref_kl"], "updates": int(stats["updates"]),
                 "lr": float(scheduler.get_last_lr()[0]), "rollout_time": t1 - t0, "train_time": t2 - t1,
-                "step_time": t2 - t0, "weights_version": int(engine.weights_version), **stale_rec,
+                "step_time": t2 - t0, "weights_version": int(engine.weights_version), **stale_rec, **seam_rec,
             }
             append_metrics(run_dir, rec)
             last_built = [(r, b) for r, b in zip(results, built, strict=True)]
