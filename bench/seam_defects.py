@@ -243,7 +243,8 @@ def compare(reference: Sequence[Row], ref_weights: Sequence[np.ndarray], rows: S
     sign of rowgrove's advantage), flipped (of those, rowgrove's is non-zero), spurious (rowgrove's
     is 0, the seam's is not), mass_ratio (sum |signal| over rowgrove's), weight_cv (std/mean of the
     rollouts' weights), relative_weight_by_rows ({rows per rollout: mean of weight x R}), and
-    rollouts (R)."""
+    rollouts (R). mass_ratio is None when rowgrove's mass is 0 (no trained rollout, or only uniform
+    groups)."""
     ids, sig_ref, w_ref = rollout_signal(reference, ref_weights)
     adv_ref = np.zeros(len(ids))
     pos = {rid: k for k, rid in enumerate(ids)}
@@ -267,7 +268,7 @@ def compare(reference: Sequence[Row], ref_weights: Sequence[np.ndarray], rows: S
         "wrong_sign": float(wrong.mean()) if R else 0.0,
         "flipped": float((wrong & (s_ref != 0)).mean()) if R else 0.0,
         "spurious": float((wrong & (s_ref == 0)).mean()) if R else 0.0,
-        "mass_ratio": float(np.abs(sig).sum()) / mass_ref if mass_ref > 0 else float("nan"),
+        "mass_ratio": float(np.abs(sig).sum()) / mass_ref if mass_ref > 0 else None,
         "weight_cv": float(rel.std() / rel.mean()) if R and rel.mean() > 0 else 0.0,
         "relative_weight_by_rows": by_rows,
     }
