@@ -95,7 +95,7 @@ def defect_rows(name: str, rows: list[Any], ref: list[Any], *, built: list[Any],
     elif name in ("row_divisor", "seq_mean_rows"):
         return ref, {}  # the defect is in the weights (sd.weight_fn)
     elif name == "retokenized":
-        rt = sd.retokenize_rows(ref, tokenizer)
+        rt = sd.retokenize_rows(ref, tokenizer, _record_text(ref, built, ledger, tokenizer))
         new_lp = policy_logprobs(model, rt.rows)
         # gap per trained span: engine logprob of the sampled ids - policy logprob of the re-tokenized ids
         gaps = [float(np.sum(np.asarray(ref[i].logprobs)[a:b])) - float(np.sum(new_lp[j][c:d]))
@@ -110,14 +110,43 @@ def defect_rows(name: str, rows: list[Any], ref: list[Any], *, built: list[Any],
         by_rollout: dict[str, list[Any]] = {}
         for r in ref:
             by_rollout.setdefault(r.rollout_id, []).append(r)
+        accepted = {rr.rollout_id: rr.accepted for rr in built}
         extra = []
-        for rid, rr in zip(by_rollout, built, strict=True):
-            extra += sd.rejected_rows(by_rollout[rid], read_calls(ledger, rr.rollout_id), rr.accepted)
+        for rid, its_rows in by_rollout.items():
+            lid = _ledger_id(rid)
+            extra += sd.rejected_rows(its_rows, read_calls(ledger, lid), accepted[lid])
         n_rej = int(sum(np.asarray(r.loss_mask).sum() for r in extra if r.valid))
         n_all = int(sum(np.asarray(r.loss_mask).sum() for r in ref if r.valid)) + n_rej
         return ref + extra, {"rejected_tokens_trained": n_rej, "trained_tokens": n_all}
     else:
         raise ValueError(f"unknown seam {name!r}: use one of {', '.join(sd.SEAMS)}")
+
+
+def _ledger_id(row_rollout_id: str) -> str:
+    """The ledger's rollout id of a trainer row (collect_rows prefixes it with the job's position)."""
+    return row_rollout_id.rsplit(":", 1)[-1]
+
+
+def _record_text(ref: list[Any], built: list[Any], ledger: Any, tokenizer: Any) -> Any:
+    """`text_of` for seam_defects.retokenize_rows: a span's text is the record's message that the
+    span's call was matched to (what the harness got back and sent to /finish), rendered again by
+    the chat template; the decoded ids where no message matches."""
+    from rowgrove.assemble import read_calls
+    from rowgrove.assemble.select import record_conversations
+
+    sampled: dict[tuple[str, ...], dict[str, Any]] = {}  # (rollout, sampled ids) -> message
+    for rr in built:
+        convs = record_conversations(ledger.get_rollout(rr.rollout_id).record)
+        calls = {c.id: c for c in read_calls(ledger, rr.rollout_id)}
+        for m in rr.matches:
+            if m.call_id is not None and m.call_id in calls:
+                sampled[(rr.rollout_id, *map(str, calls[m.call_id].sampled_ids.tolist()))] = convs[m.conversation][m.message]
+
+    def text_of(i: int, ids: list[int]) -> str:
+        msg = sampled.get((_ledger_id(ref[i].rollout_id), *map(str, ids)))
+        return sd.template_text(tokenizer, msg) if msg is not None else tokenizer.decode(ids, skip_special_tokens=False)
+
+    return text_of
 
 
 def step_figures(rows: list[Any], built: list[Any], ledger: Any, model: Any, tokenizer: Any, cfg: Any

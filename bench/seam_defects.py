@@ -8,7 +8,8 @@ public bug some framework shipped at the seam between a rollout and its training
                       batch-wide group when the sizes are uneven                    (slime PR #2204)
     row_divisor       per-rollout loss divided by rows, not rollouts                (agent-lightning v1.0 report, Eq. 16)
     seq_mean_rows     sequence-level mean over rows for multi-row rollouts          (seq-mean-token-mean on split rollouts)
-    retokenized       trained tokens re-tokenized from the text, not the sampled ids
+    retokenized       trained tokens re-tokenized from the text, not the sampled ids: the
+                      harness's accepted message rendered again by the chat template
     rejected_trained  rejected (resampled) calls trained with the rollout's advantage
 
 The figures compare a defect's rows, advantages and weights with rowgrove's on the same rows.
@@ -42,7 +43,8 @@ DEFECTS: dict[str, str] = {
                       "uneven (slime PR #2204)",
     "row_divisor": "per-rollout loss divided by rows, not rollouts (agent-lightning v1.0 report, Eq. 16)",
     "seq_mean_rows": "sequence-level mean over rows for multi-row rollouts (seq-mean-token-mean)",
-    "retokenized": "trained tokens re-tokenized from the decoded text instead of the sampled ids",
+    "retokenized": "trained tokens re-tokenized from the text (the accepted message rendered again by the chat "
+                   "template) instead of the sampled ids",
     "rejected_trained": "rejected (resampled) calls trained with the rollout's advantage",
 }
 SEAMS = ("rowgrove", *DEFECTS)
@@ -146,11 +148,35 @@ class Retokenized:
     trained_tokens: int                # trained tokens of the new rows
 
 
-def retokenize_rows(rows: Sequence[Row], tokenizer: Any) -> Retokenized:
+def template_text(tokenizer: Any, message: dict[str, Any]) -> str:
+    """The assistant turn `message` as the chat template writes it, up to and including the
+    template's end-of-turn token (`tokenizer.eos_token`): the text a trainer that keeps messages,
+    not ids, tokenizes. Tool-call arguments are passed parsed, as vLLM and SGLang pass them."""
+    import copy
+    import json
+
+    msg = copy.deepcopy(dict(message))
+    for tc in msg.get("tool_calls") or []:
+        args = tc.get("function", {}).get("arguments")
+        if isinstance(args, str):
+            try:
+                tc["function"]["arguments"] = json.loads(args)
+            except ValueError:
+                pass
+    head = [{"role": "user", "content": "x"}]
+    base = tokenizer.apply_chat_template(head, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(head + [msg], tokenize=False)[len(base):]
+    eot = tokenizer.eos_token or ""
+    return text[: text.index(eot) + len(eot)] if eot and eot in text else text
+
+
+def retokenize_rows(rows: Sequence[Row], tokenizer: Any,
+                    text_of: Callable[[int, list[int]], str] | None = None) -> Retokenized:
     """Each trained span (a run of loss-mask 1: one call's sampled tokens) replaced by
-    `tokenizer.encode(tokenizer.decode(span))`, the text path a framework takes when it keeps
-    the response text and tokenizes it again. Prompts stay; logprobs of the new spans are 0
-    (the engine never scored them: a trainer must recompute them)."""
+    `tokenizer.encode(text)`, the text path a framework takes when it keeps text and tokenizes it
+    again. `text_of(row index, sampled ids)` gives the text kept for a span (default: the ids
+    decoded). Prompts stay; logprobs of the new spans are 0 (the engine never scored them: a
+    trainer must recompute them)."""
     out, spans, orig, never, changed, trained = [], [], [], 0, 0, 0
     for i, r in enumerate(rows):
         ids_T = np.asarray(r.input_ids, np.int64)
@@ -160,7 +186,7 @@ def retokenize_rows(rows: Sequence[Row], tokenizer: Any) -> Retokenized:
         for a, b in _spans(mask_T):
             ids.append(ids_T[pos:a]); mask.append(np.zeros(a - pos, np.int32)); lp.append(lp_T[pos:a])
             sampled = ids_T[a:b].tolist()
-            text = tokenizer.decode(sampled, skip_special_tokens=False)
+            text = text_of(i, sampled) if text_of else tokenizer.decode(sampled, skip_special_tokens=False)
             new = tokenizer.encode(text, add_special_tokens=False)
             start = sum(len(x) for x in ids)
             spans.append((i, start, start + len(new)))

@@ -21,6 +21,7 @@ from seam_defects import (
     row_baseline_advantages,
     row_divisor_weights,
     seq_mean_weights,
+    template_text,
     weight_fn,
 )
 
@@ -211,3 +212,29 @@ def test_rejected_call_becomes_a_row_trained_on_its_own_sampled_ids():
     w = loss_weights([accepted_row, r], "rollout-mean")
     assert float(w[1].sum()) == pytest.approx(2 / 5)
     assert rejected_rows([accepted_row], calls, ["c1", "c2", "c3"]) == []
+
+
+def test_template_text_is_the_turn_as_the_template_writes_it(tok):
+    msg = {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                "function": {"name": "add", "arguments": '{"n": 1}'}}]}
+    # the tiny ChatML template writes a tool call as <tool_call>\n{json}\n</tool_call>, then <|im_end|>
+    assert template_text(tok, msg) == '<tool_call>\n{"name": "add", "arguments": {"n": 1}}\n</tool_call><|im_end|>'
+
+
+def test_text_path_reorders_what_the_model_sampled_and_trains_ids_it_never_sampled(tok):
+    # The model sampled a tool call followed by stray text; the parser kept both (tool call +
+    # content), and the template writes the content first: the same words in another order.
+    # Every re-rendered id outside the difflib alignment with the sampled ids was never sampled.
+    sampled_text = '<tool_call>\n{"name": "add", "arguments": {"n": 1}}\n</tool_call> add more<|im_end|>'
+    sampled = tok.encode(sampled_text, add_special_tokens=False)
+    msg = {"role": "assistant", "content": " add more",
+           "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"n": 1}'}}]}
+    rerendered = tok.encode(template_text(tok, msg), add_special_tokens=False)
+    assert rerendered != sampled
+    prompt = tok.encode("go", add_special_tokens=False)
+    row = Row("A", "g", prompt + sampled, [0] * len(prompt) + [1] * len(sampled), reward=1.0,
+              logprobs=[0.0] * (len(prompt) + len(sampled)))
+    out = retokenize_rows([row], tok, lambda i, ids: template_text(tok, msg))
+    assert list(out.rows[0].input_ids) == prompt + rerendered
+    assert out.never_sampled_tokens == never_sampled(sampled, rerendered) > 0
+    assert out.changed_spans == 1
