@@ -182,25 +182,27 @@ def retokenize_rows(rows: Sequence[Row], tokenizer: Any,
         ids_T = np.asarray(r.input_ids, np.int64)
         mask_T = np.asarray(r.loss_mask)
         lp_T = np.asarray(r.logprobs if r.logprobs is not None else np.zeros(len(ids_T)), np.float64)
-        ids, mask, lp, pos = [], [], [], 0
+        pieces: list[tuple[np.ndarray, int, np.ndarray]] = []  # (ids, mask value, logprobs)
+        pos = length = 0
         for a, b in _spans(mask_T):
-            ids.append(ids_T[pos:a]); mask.append(np.zeros(a - pos, np.int32)); lp.append(lp_T[pos:a])
+            pieces.append((ids_T[pos:a], 0, lp_T[pos:a]))  # the prompt part before the span stays
+            length += a - pos
             sampled = ids_T[a:b].tolist()
             text = text_of(i, sampled) if text_of else tokenizer.decode(sampled, skip_special_tokens=False)
             new = tokenizer.encode(text, add_special_tokens=False)
-            start = sum(len(x) for x in ids)
-            spans.append((i, start, start + len(new)))
+            spans.append((i, length, length + len(new)))
             orig.append((i, a, b))
             never += never_sampled(sampled, new)
             changed += new != sampled
             trained += len(new)
-            ids.append(np.asarray(new, np.int64)); mask.append(np.ones(len(new), np.int32))
-            lp.append(np.zeros(len(new)))
+            pieces.append((np.asarray(new, np.int64), 1, np.zeros(len(new))))
+            length += len(new)
             pos = b
-        ids.append(ids_T[pos:]); mask.append(np.zeros(len(ids_T) - pos, np.int32)); lp.append(lp_T[pos:])
-        out.append(dataclasses.replace(r, input_ids=np.concatenate(ids).astype(np.int32),
-                                       loss_mask=np.concatenate(mask), logprobs=np.concatenate(lp),
-                                       weight_versions=None))
+        pieces.append((ids_T[pos:], 0, lp_T[pos:]))
+        out.append(dataclasses.replace(
+            r, input_ids=np.concatenate([p[0] for p in pieces]).astype(np.int32),
+            loss_mask=np.concatenate([np.full(len(p[0]), p[1], np.int32) for p in pieces]),
+            logprobs=np.concatenate([p[2] for p in pieces]), weight_versions=None))
     return Retokenized(out, spans, orig, never, changed, trained)
 
 

@@ -1,7 +1,8 @@
 """The seam benchmark's page: one self-contained HTML file, every plot a base64 PNG inlined, each
 with a caption and a legend written in the page's own text (the same colours as the lines).
 
-Every plot shows rowgrove's line (black) and each defect's that the figure applies to.
+Every plot shows rowgrove's line (wide, grey-black, drawn underneath so that a defect equal to it
+stays visible) and each defect's that the figure applies to.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ COLORS = {
     "retokenized": "#ff7f0e",
     "rejected_trained": "#8c564b",
 }
-ROWGROVE = "rowgrove's seam (explicit groups, one reward and one weight per rollout, sampled ids only)"
+ROWGROVE = ("rowgrove's seam (explicit groups, one reward and one weight per rollout, sampled ids only); "
+            "the wide line underneath")
 
 
 def _per_step(figures: Mapping[str, Sequence[Mapping[str, Any]]], defect: str, key: str) -> tuple[list[int], list[float]]:
@@ -65,13 +67,18 @@ def _plot(series: Sequence[tuple[str, Sequence[float], Sequence[float], Any]], x
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=90)
     for name, xs, ys, style in series:
-        ax.plot(xs, ys, style or "-o", color=COLORS[name], markersize=3, linewidth=2.2 if name == "rowgrove" else 1.4,
-                label=name, zorder=3 if name == "rowgrove" else 2)
+        # rowgrove's line wide and underneath, so that a defect that equals it stays visible on top
+        ref = name == "rowgrove"
+        ax.plot(xs, ys, style or "-o", color=COLORS[name], markersize=3.5, linewidth=4 if ref else 1.4,
+                alpha=0.45 if ref else 1.0, label=name, zorder=1 if ref else 2)
         if bands and name in bands:
             lo, hi = bands[name]
             ax.fill_between(xs, lo, hi, color=COLORS[name], alpha=0.12, linewidth=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and row counts are whole numbers
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
