@@ -207,7 +207,7 @@ pre {{ background: #f6f6f6; padding: 8px; font-size: 12px; }}
 same captured rows, each defect is switched on alone and compared with rowgrove's seam; then the trainer
 runs once per defect for the learning curves. Run time {result['seconds']:.0f} s
 (<code>{html.escape(result['command'])}</code>). {html.escape(result.get('model', ''))}.</p>
-<h2>Headline (means over steps and seeds)</h2>{_table(result)}
+<h2>Headline (figures: means over steps and seeds; rewards: means over seeds)</h2>{_table(result)}
 <h2>Figures</h2>{''.join(parts)}
 <h2>Config</h2><pre>{cfg}</pre>
 </body></html>
