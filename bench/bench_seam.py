@@ -98,12 +98,16 @@ def defect_rows(name: str, rows: list[Any], ref: list[Any], *, built: list[Any],
         rt = sd.retokenize_rows(ref, tokenizer, _record_text(ref, built, ledger, tokenizer))
         new_lp = policy_logprobs(model, rt.rows)
         # gap per trained span: engine logprob of the sampled ids - policy logprob of the re-tokenized ids
-        gaps = [float(np.sum(np.asarray(ref[i].logprobs)[a:b])) - float(np.sum(new_lp[j][c:d]))
-                for (i, a, b), (j, c, d) in zip(rt.orig_spans, rt.spans, strict=True)]
+        gaps, changed = [], []
+        for (i, a, b), (j, c, d) in zip(rt.orig_spans, rt.spans, strict=True):
+            gaps.append(float(np.sum(np.asarray(ref[i].logprobs)[a:b])) - float(np.sum(new_lp[j][c:d])))
+            changed.append(list(np.asarray(ref[i].input_ids)[a:b]) != list(np.asarray(rt.rows[j].input_ids)[c:d]))
+        gap_changed = [g for g, ch in zip(gaps, changed, strict=True) if ch]
         out = [dataclasses.replace(r, logprobs=lp.astype(np.float32)) for r, lp in zip(rt.rows, new_lp, strict=True)]
         return out, {"never_sampled_tokens": rt.never_sampled_tokens, "trained_tokens": rt.trained_tokens,
                      "changed_span_fraction": rt.changed_spans / max(1, len(rt.spans)),
-                     "logprob_gap_per_span": float(np.mean(gaps)) if gaps else 0.0}
+                     "logprob_gap_per_span": float(np.mean(gaps)) if gaps else 0.0,
+                     "logprob_gap_per_changed_span": float(np.mean(gap_changed)) if gap_changed else None}
     elif name == "rejected_trained":
         from rowgrove.assemble import read_calls
 

@@ -166,6 +166,7 @@ def _table(result: Mapping[str, Any]) -> str:
             ("weight_cv", "weight spread (cv)", "{:.3f}"), ("never_sampled_tokens", "never-sampled tokens / step", "{:.1f}"),
             ("rejected_tokens_trained", "rejected tokens / step", "{:.1f}"),
             ("logprob_gap_per_span", "logprob gap / span (nats)", "{:.3f}"),
+            ("logprob_gap_per_changed_span", "logprob gap / changed span (nats)", "{:.2f}"),
             ("reward_last_step", "reward, last step", "{:.3f}"),
             ("reward_mean_last_3_steps", "reward, mean of the last 3 steps", "{:.3f}")]
     head = "".join(f"<th>{html.escape(c)}</th>" for _, c, _ in cols)

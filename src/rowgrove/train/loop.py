@@ -39,6 +39,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,7 +233,8 @@ def collect_rows(ledger: Any, results: list[Any]) -> tuple[list[Row], list[Any]]
 
 # ---- the loop ---------------------------------------------------------------------------------
 
-def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print, seam: Any = None) -> RunSummary:
+def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
+          seam: Callable[..., tuple[list[Row], Any, dict[str, Any]]] | None = None) -> RunSummary:
     """Run (or, with `resume`, continue) the GRPO run `cfg` describes in `cfg.out`; see the module
     docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there.
 
