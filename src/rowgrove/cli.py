@@ -14,6 +14,7 @@ from typing import NoReturn
 COMMANDS: dict[str, str] = {
     "serve": "run the capture gateway (OpenAI-compatible) in front of an engine",
     "rows": "turn every finished rollout of a ledger into training rows (Parquet or JSONL)",
+    "ls": "list a ledger's rollouts: id, group, status, reward, calls, roots, rows, mask reason",
     "show": "draw a rollout's call lineage: trees, continuations, rejected and accepted leaves, rows",
     "train": "run the reference GRPO trainer",
     "demo": "the main job on embedded defaults: build the tiny model, train, report",

@@ -40,6 +40,9 @@ def test_one_training_step_end_to_end(tmp_path):
     assert rec["step"] == 1 and rec["tokens_generated"] > 0
     assert rec["rows_per_rollout"] >= 1
     assert (run / "ledger.sqlite").exists() and (run / "report.html").exists()
+    report = (run / "report.html").read_text()
+    assert '<mark class="trained"' in report  # the drawn rollouts' rows as text, trained spans marked
+    assert "eval_reward" in report and "reward, mean of the last 3 steps" in report
     assert summary.eval_before is not None and summary.eval_after is not None
     assert rec["updates"] == 2 and rec["tokens_trained"] > 0  # 4 rollouts, 2 per mini-batch
     # a second run into the same directory is refused, pointing at --resume

@@ -79,3 +79,32 @@ def test_lr_schedule_warms_up_then_decays_to_its_end_factor_at_the_last_update()
     assert f(15) == pytest.approx(0.1) and f(40) == pytest.approx(0.1)
     assert f(2) > f(8) > f(15)
     assert lr_factor(TrainConfig())(1000) == 1.0  # constant by default
+
+
+def test_choose_examples_spreads_across_rewards_and_row_counts():
+    from rowgrove.train.report import choose_examples
+
+    # rewards / rows: 0:(1.0, 3) 1:(1.0, 1) 2:(0.0, 4) 3:(0.0, 1) 4:(0.5, 2) 5:(0.5, 6)
+    rewards, rows = [1.0, 1.0, 0.0, 0.0, 0.5, 0.5], [3, 1, 4, 1, 2, 6]
+    # highest reward: most rows 0, fewest 1; lowest: most 2, fewest 3 -> k=4 stops there
+    assert choose_examples(rewards, rows, 4) == [0, 1, 2, 3]
+    # then the most rows overall (5), then the median reward (sorted by reward: 2 3 4 5 0 1 -> 4)
+    assert choose_examples(rewards, rows, 6) == [0, 1, 2, 3, 5, 4]
+    # the old choice (most rows first) would have shown only 5, 2, 0: no single-row rollout
+    assert choose_examples([], [], 3) == [] and choose_examples([0.2], [2], 3) == [0]
+
+
+def test_report_plots_eval_before_after_labels_every_axis_and_has_a_complete_legend(tmp_path):
+    from rowgrove.assemble.picture import COLOR
+    from rowgrove.train.report import PLOTS, YLABELS
+
+    assert {k for k, _ in PLOTS} <= set(YLABELS)  # every plot gets a y label (x is "step")
+    assert {"ref_kl", "lr", "compactions"} <= {k for k, _ in PLOTS}
+    recs = [{"step": s, "reward_mean": 0.1 * s, "ref_kl": 0.01 * s, "lr": 1e-3 / s, "compactions": 1.5} for s in (1, 2)]
+    page = write_report(tmp_path, recs, {"reward, last step": 0.2}, evals=(0.45, 0.63)).read_text()
+    assert (tmp_path / "plots" / "eval_reward.png").exists()
+    assert page.count("data:image/png;base64,") == 5  # eval, reward_mean, ref_kl, lr, compactions
+    for kind, color in COLOR.items():  # every mark of the lineage pictures, in its own colour
+        assert f"background:{color}" in page, kind
+    assert "rejected call" in page and "pending call" in page and "dashed line" in page
+    assert write_report(tmp_path, recs, {}).read_text().count("data:image/png;base64,") == 4  # no eval: no plot

@@ -201,7 +201,8 @@ def render_text(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = Non
     lines.append("rows:" if rows else "rows: none")
     lines.extend("  " + line for line in _row_lines(rows, label))
     lines.extend(_image_legend(labels))
-    lines.append("legend: ◉ accepted leaf (walked up to its root) · ● accepted · ✗ rejected or failed · cN = N-th call")
+    lines.append("legend: ◉ accepted leaf (walked up to its root) · ● accepted · ✗ rejected or failed · "
+                 "… pending · cN = N-th call")
     return "\n".join(lines) + "\n"
 
 
@@ -301,7 +302,8 @@ def render_svg(calls: list[Call], rr: RolloutRows, rows: list[Row] | None = None
     for i, line in enumerate(row_lines):
         out.append(f'<text x="{pad + 10}" y="{y0 + 18 * (i + 1)}" fill="{"#57606a" if line.startswith("    ") else "#24292f"}">'
                    f"{escape(line.strip())}</text>")
-    legend = "square = root · ◉ dark ring = accepted leaf (walked) · blue = accepted · grey ✗ = rejected · red ✗ = failed · thick = walked chain"
+    legend = ("square = root · dark ring = accepted leaf (walked) · blue = accepted · grey ✗ = rejected · "
+              "red ✗ = failed · yellow = pending · thick = walked chain · dashed = a new tree (rewrite or resample)")
     out.append(f'<text x="{pad}" y="{y0 + 18 * (len(row_lines) + 1)}" fill="#888" font-size="10">{escape(legend)}</text>')
     for i, line in enumerate(legend_images):
         out.append(f'<text x="{pad}" y="{y0 + 18 * (len(row_lines) + 2 + i)}" fill="#8250df" font-size="10">'

@@ -4,6 +4,7 @@
     rowgrove bench                 # all of them
     rowgrove bench --quick         # smaller sizes, for a smoke check: no results file is written
     rowgrove bench --only train    # one of them
+    rowgrove bench seam --seeds 2 --out runs/seam   # one by name; --seeds / --out go to it
 
 Goals: a benchmark's result may hold `"goals": {"name": {"value": x, "goal": "<= 1 ms", "met": bool}}`
 (and, older style, keys ending in `_goal_met` holding a bool); each is printed `MET` or `MISSED`,
@@ -30,10 +31,13 @@ def bench_dir() -> Path:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run, as with --only (default: all)")
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke check, not a measurement")
     p.add_argument("--only", action="append", metavar="NAME",
                    help="run only bench_NAME.py (repeatable), e.g. --only train")
     p.add_argument("--dir", type=Path, default=None, help="benchmark directory (default: ./bench)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds, for a benchmark that takes them (one named)")
+    p.add_argument("--out", type=Path, default=None, help="output directory, for a benchmark that takes one (one named)")
 
 
 def _ratios(result: object, prefix: str = "") -> list[str]:
@@ -94,11 +98,17 @@ def run(args: argparse.Namespace) -> int:
     root = args.dir or bench_dir()
     files = sorted(root.glob("bench_*.py"))
     known = [f.stem.removeprefix("bench_") for f in files]
-    if args.only:
-        unknown = [n for n in args.only if n not in known]
+    names = [*(args.only or []), *args.names]
+    passed = [*(["--seeds", str(args.seeds)] if args.seeds is not None else []),
+              *(["--out", str(args.out)] if args.out is not None else [])]
+    if passed and len(names) != 1:
+        raise InputError(f"{' and '.join(a for a in passed if a.startswith('--'))} go to one benchmark: "
+                         "name it, e.g. rowgrove bench seam --seeds 2")
+    if names:
+        unknown = [n for n in names if n not in known]
         if unknown:
             raise InputError(f"no benchmark named {', '.join(unknown)} in {root}: known are {', '.join(known)}")
-        files = [f for f in files if f.stem.removeprefix("bench_") in args.only]
+        files = [f for f in files if f.stem.removeprefix("bench_") in names]
     if not files:
         raise InputError(f"no bench_*.py in {root}: run from the repository root or pass --dir")
     failed = missed = 0
@@ -112,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         before = _snapshot(root / "results") if args.quick else {}
         try:
             spec.loader.exec_module(module)  # type: ignore[union-attr]
-            result = module.main(["--quick"] if args.quick else [])
+            result = module.main((["--quick"] if args.quick else []) + passed)
         except Exception as e:  # noqa: BLE001 - one failing benchmark must not hide the others
             print(f"   FAILED: {type(e).__name__}: {e}")
             failed += 1

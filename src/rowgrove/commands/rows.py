@@ -2,6 +2,7 @@
 
     rowgrove rows --ledger runs/ledger.db --out rows.parquet
     rowgrove rows --ledger runs/ledger.db --out rows.jsonl --estimator dr_grpo
+    rowgrove rows --ledger runs/ledger.db --out rows.parquet --exclude-group 'eval-*'
 
 Open (unfinished) rollouts have no rows yet: they are skipped, and one line on stderr says how
 many. Rows come from `rowgrove.assemble` (one per chain), advantages from
@@ -16,6 +17,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from rowgrove.commands._select import add_group_arguments, group_filter
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ledger", required=True, help="SQLite ledger file written by `rowgrove serve`")
@@ -24,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="advantage estimator (default grpo)")
     p.add_argument("--no-std", action="store_true", help="do not divide advantages by the group's std")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+    add_group_arguments(p)  # whole groups in or out: the baselines of the groups kept do not change
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,8 +53,11 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         invalid: Counter[str] = Counter()
         n_rollouts = 0
+        keep = group_filter(args.group, args.exclude_group)
         for rollout, calls in tqdm(iter_finished(ledger), total=total, disable=not show_bar,
                                    unit="rollout", file=sys.stderr, desc="rows"):
+            if not keep(rollout.group_id):
+                continue
             built = build_rows(rollout, calls)
             n_rollouts += 1
             rows.extend(built.rows)

@@ -39,6 +39,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,7 @@ class RunSummary:
     seconds: float
     report: Path
     extra: dict[str, Any] = field(default_factory=dict)
+    reward_last_3: float | None = None  # mean of the last 3 steps' rewards (fewer when the run is shorter)
 
     def table(self) -> dict[str, Any]:
         """The summary as an ordered dict for printing and the report."""
@@ -75,6 +77,7 @@ class RunSummary:
             "steps": self.steps,
             "reward, first step (mean of rollouts)": self.reward_first,
             "reward, last step": self.reward_last,
+            "reward, mean of the last 3 steps": self.reward_last_3,
             "eval reward after warm-up (step 0)": self.eval_before,
             "eval reward after GRPO": self.eval_after,
             "rows per rollout": self.rows_per_rollout,
@@ -230,9 +233,15 @@ def collect_rows(ledger: Any, results: list[Any]) -> tuple[list[Row], list[Any]]
 
 # ---- the loop ---------------------------------------------------------------------------------
 
-def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSummary:
+def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
+          seam: Callable[..., tuple[list[Row], Any, dict[str, Any]]] | None = None) -> RunSummary:
     """Run (or, with `resume`, continue) the GRPO run `cfg` describes in `cfg.out`; see the module
-    docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there."""
+    docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there.
+
+    `seam` swaps rowgrove's own step from rows to loss (assign_advantages, then loss_weights) for
+    another, so that a benchmark can train with a known defect switched on (bench/bench_seam.py):
+    a callable `seam(step=, rows=, built=, ledger=, model=, tokenizer=, cfg=)` returning (rows
+    with advantages, the weight function update_policy is to use, extra metrics for the step)."""
     from rowgrove.algo import assign_advantages
     from rowgrove.envs import make_tasks
     from rowgrove.gateway.testing import start_gateway
@@ -327,8 +336,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                 # the version the engine holds now, before this step's update
                 rows, stale_rec = _mask_stale(rows, engine.weights_version, cfg.max_staleness)
             t1 = time.time()
-            rows = assign_advantages(rows, estimator=cfg.estimator, scale_by_std=cfg.scale_by_std)
-            stats = update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode,
+            if seam is None:
+                rows = assign_advantages(rows, estimator=cfg.estimator, scale_by_std=cfg.scale_by_std)
+                weight_fn, seam_rec = None, {}
+            else:
+                rows, weight_fn, seam_rec = seam(step=step, rows=rows, built=built, ledger=ledger, model=model,
+                                                 tokenizer=tok, cfg=cfg)
+            stats = update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode, weight_fn=weight_fn,
                                   rollouts_per_minibatch=cfg.rollouts_per_minibatch,
                                   microbatch_tokens=cfg.microbatch_tokens, clip_eps=cfg.clip_eps,
                                   seed=_mix(cfg.seed, step, 2) % 2**31, packed=cfg.packed,
@@ -354,7 +368,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                 "clip_fraction": stats["clip_fraction"], "approx_kl": stats["approx_kl"],
                 "entropy": stats["entropy"], "ref_kl": stats["ref_kl"], "updates": int(stats["updates"]),
                 "lr": float(scheduler.get_last_lr()[0]), "rollout_time": t1 - t0, "train_time": t2 - t1,
-                "step_time": t2 - t0, "weights_version": int(engine.weights_version), **stale_rec,
+                "step_time": t2 - t0, "weights_version": int(engine.weights_version), **stale_rec, **seam_rec,
             }
             append_metrics(run_dir, rec)
             last_built = [(r, b) for r, b in zip(results, built, strict=True)]
@@ -368,7 +382,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
         if bar is not None:
             bar.close()
         extra["eval_after"] = evaluate("eval-after")
-        lineages = _lineages(ledger, last_built)
+        lineages = _lineages(ledger, last_built, tok)
         ledger.close()
     return _finish(run_dir, cfg, extra, lineages, time.time() - t_start, read_metrics(run_dir))
 
@@ -407,17 +421,23 @@ def _mask_stale(rows: list[Row], current: int, max_staleness: int) -> tuple[list
     return mask_stale(rows, current, max_staleness), rec
 
 
-def _lineages(ledger: Any, built: list[Any], k: int = 3) -> list[tuple[str, str]]:
-    """Lineage SVGs of up to k rollouts of the last step, most rows first."""
+def _lineages(ledger: Any, built: list[Any], tokenizer: Any = None, k: int = 4) -> list[tuple[str, str]]:
+    """Lineage SVGs of up to k rollouts of the last step, chosen across rewards and row counts
+    (report.choose_examples), each followed by its rows as decoded text with the trained spans
+    marked (when a tokenizer is given)."""
     from rowgrove.assemble import read_calls
     from rowgrove.assemble.picture import render_svg
+    from rowgrove.assemble.rowtext import rows_html
+    from rowgrove.train.report import choose_examples
 
     pics = []
-    for res, rr in sorted(built, key=lambda p: -len(p[1].rows))[:k]:
+    picks = choose_examples([res.reward for res, _ in built], [len(rr.rows) for _, rr in built], k)
+    for res, rr in (built[i] for i in picks):
         calls = read_calls(ledger, rr.rollout_id)
         title = (f"rollout {rr.rollout_id}: reward {res.reward:.2f}, {len(rr.rows)} rows, "
                  f"{res.compactions} compactions, {res.rejected} rejected")
-        pics.append((title, render_svg(calls, rr, rr.rows, images=ledger.call_images(rr.rollout_id))))
+        text = rows_html(rr.rows, tokenizer) if tokenizer is not None else ""
+        pics.append((title, render_svg(calls, rr, rr.rows, images=ledger.call_images(rr.rollout_id)) + text))
     return pics
 
 
@@ -428,19 +448,20 @@ def _finish(run_dir: Path, cfg: TrainConfig, extra: dict[str, Any], lineages: li
     def avg(key: str, recs: list[dict[str, Any]]) -> float:
         return float(np.mean([r[key] for r in recs])) if recs else math.nan
 
-    k = max(1, min(3, len(records) // 4))
     summary = RunSummary(
         run_dir=run_dir, steps=len(records),
-        reward_first=avg("reward_mean", records[:k]), reward_last=avg("reward_mean", records[-k:]),
+        reward_first=avg("reward_mean", records[:1]), reward_last=avg("reward_mean", records[-1:]),
         eval_before=extra.get("eval_before"), eval_after=extra.get("eval_after"),
         rows_per_rollout=avg("rows_per_rollout", records),
         tokens_generated=int(sum(r["tokens_generated"] for r in records)),
         tokens_trained=int(sum(r["tokens_trained"] for r in records)),
         seconds=seconds, report=run_dir / "report.html",
-        extra={"reward averaged over": f"first/last {k} steps", "model": cfg.model, "env": cfg.env,
+        reward_last_3=avg("reward_mean", records[-3:]),
+        extra={"model": cfg.model, "env": cfg.env,
                "compaction": dict(cfg.agent).get("compaction", "none"), "loss_mode": cfg.loss_mode},
     )
-    write_report(run_dir, records, summary.table(), config=cfg.to_dict(), lineages=lineages)
+    write_report(run_dir, records, summary.table(), config=cfg.to_dict(), lineages=lineages,
+                 evals=(extra.get("eval_before"), extra.get("eval_after")))
     (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in summary.table().items()},
                                                      indent=2, default=str) + "\n")
     return summary

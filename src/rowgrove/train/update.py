@@ -271,12 +271,13 @@ def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[R
                   rollouts_per_minibatch: int = 32, microbatch_tokens: int = 4096, clip_eps: float = 0.2,
                   seed: int = 0, packed: bool = True, max_grad_norm: float = 1.0,
                   scheduler: Any = None, ref_model: Any = None, kl_coef: float = 0.0,
-                  vision_inputs: Any = None) -> dict[str, float]:
+                  vision_inputs: Any = None, weight_fn: Any = None) -> dict[str, float]:
     """Train `model` on rows that carry advantages: one optimizer step per mini-batch of whole
     rollouts (`rowgrove.algo.minibatches(rows, rollouts_per_minibatch, seed=seed)`), whatever the
     row count. Returns mean metrics over trained tokens: loss (sum over updates), clip_fraction,
     approx_kl, entropy, ref_kl, tokens_trained, updates. `ref_model`/`kl_coef`: see ppo_clip_loss.
-    `vision_inputs(row)`: a vision model's pixel inputs for a row with images (`row_microbatches`)."""
+    `vision_inputs(row)`: a vision model's pixel inputs for a row with images (`row_microbatches`).
+    `weight_fn(minibatch_rows, loss_mode)` replaces `loss_weights` (a benchmark's defect; None: rowgrove's)."""
     missing = [r.rollout_id for r in rows if r.valid and r.advantage is None]
     if missing:
         raise InputError(f"{len(missing)} valid rows have no advantage ({name_some(missing)}): "
@@ -287,7 +288,7 @@ def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[R
     loss_total = 0.0
     mbs = minibatches(rows, rollouts_per_minibatch, seed=seed)
     for mb_rows in mbs:
-        weights = loss_weights(mb_rows, loss_mode)
+        weights = (weight_fn or loss_weights)(mb_rows, loss_mode)
         optimizer.zero_grad(set_to_none=True)
         micros = (row_microbatches(mb_rows, weights, vision_inputs, device=device) if vision_inputs is not None
                   else build_microbatches(mb_rows, weights, capacity=microbatch_tokens, packed=packed, device=device))

@@ -1,0 +1,224 @@
+"""The seam benchmark's page: one self-contained HTML file, every plot a base64 PNG inlined, each
+with a caption and a legend written in the page's own text (the same colours as the lines).
+
+Every plot shows rowgrove's line (wide, grey-black, drawn underneath so that a defect equal to it
+stays visible) and each defect's that the figure applies to.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+COLORS = {
+    "rowgrove": "#000000",
+    "row_baseline": "#1f77b4",
+    "reshape_groups": "#d62728",
+    "row_divisor": "#2ca02c",
+    "seq_mean_rows": "#9467bd",
+    "retokenized": "#ff7f0e",
+    "rejected_trained": "#8c564b",
+}
+ROWGROVE = ("rowgrove's seam (explicit groups, one reward and one weight per rollout, sampled ids only); "
+            "the wide line underneath")
+
+
+def _per_step(figures: Mapping[str, Sequence[Mapping[str, Any]]], defect: str, key: str) -> tuple[list[int], list[float]]:
+    """(steps, the figure averaged over seeds at each step)."""
+    by_step: dict[int, list[float]] = {}
+    for per_seed in figures.values():
+        for f in per_seed:
+            v = f.get(defect, {}).get(key)
+            if isinstance(v, (int, float)):
+                by_step.setdefault(int(f["step"]), []).append(float(v))
+    steps = sorted(by_step)
+    return steps, [float(np.mean(by_step[s])) for s in steps]
+
+
+def _by_rows(figures: Mapping[str, Sequence[Mapping[str, Any]]], defect: str) -> tuple[list[int], list[float]]:
+    """(rows per rollout, mean relative weight of rollouts with that many rows over steps and seeds)."""
+    acc: dict[int, list[float]] = {}
+    for per_seed in figures.values():
+        for f in per_seed:
+            for k, v in f.get(defect, {}).get("relative_weight_by_rows", {}).items():
+                acc.setdefault(int(k), []).append(float(v))
+    xs = sorted(acc)
+    return xs, [float(np.mean(acc[x])) for x in xs]
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _plot(series: Sequence[tuple[str, Sequence[float], Sequence[float], Any]], xlabel: str, ylabel: str,
+          title: str, *, bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None) -> str:
+    """A line per (seam, xs, ys, style) in the seam's colour; axis labels and title always set."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=90)
+    for name, xs, ys, style in series:
+        # rowgrove's line wide and underneath, so that a defect that equals it stays visible on top
+        ref = name == "rowgrove"
+        ax.plot(xs, ys, style or "-o", color=COLORS[name], markersize=3.5, linewidth=4 if ref else 1.4,
+                alpha=0.45 if ref else 1.0, label=name, zorder=1 if ref else 2)
+        if bands and name in bands:
+            lo, hi = bands[name]
+            ax.fill_between(xs, lo, hi, color=COLORS[name], alpha=0.12, linewidth=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and row counts are whole numbers
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def _legend(series: Sequence[tuple[str, Any, Any, Any]], defects: Mapping[str, str]) -> str:
+    items = []
+    for name, *_ in series:
+        text = ROWGROVE if name == "rowgrove" else defects[name]
+        items.append(f'<li data-seam="{name}"><span class="swatch" style="background:{COLORS[name]}"></span>'
+                     f"<b>{html.escape(name)}</b>: {html.escape(text)}</li>")
+    return f'<ul class="legend">{"".join(items)}</ul>'
+
+
+def figures_html(result: Mapping[str, Any]) -> list[tuple[str, str, str, list[tuple[str, Any, Any, Any]]]]:
+    """(id, title, caption, series) of every plot, and the PNG as the last element of each."""
+    figs = result["figures"]
+    defects = result["defects"]
+    out: list[Any] = []
+
+    def steps_series(key: str, names: Sequence[str], ref_value: float) -> list[Any]:
+        series = []
+        for name in names:
+            xs, ys = _per_step(figs, name, key)
+            series.append((name, xs, ys, None))
+        xs = series[0][1] if series else []
+        return [("rowgrove", xs, [ref_value] * len(xs), "-")] + series
+
+    all_defects = list(defects)
+    out.append(("wrong-sign", "Rollouts whose advantage has the wrong sign", "Per step, averaged over seeds: the "
+                "fraction of the step's rollouts whose signal (advantage x weight, summed over its rows) has a "
+                "different sign (-1, 0, +1) from rowgrove's advantage, on the same rows. A uniform group that "
+                "rowgrove gives exactly 0 and a defect makes non-zero counts as wrong.",
+                steps_series("wrong_sign", all_defects, 0.0), ("step", "fraction of rollouts")))
+    out.append(("mass", "Signal mass against rowgrove's", "Per step: sum over rollouts of |advantage x weight| "
+                "under each seam, divided by the same sum under rowgrove's seam (1.0). Below 1 the step pushes "
+                "less than it should; above 1 more.",
+                steps_series("mass_ratio", all_defects, 1.0), ("step", "signal mass / rowgrove's")))
+    rows_series = [("rowgrove", *_by_rows(figs, "row_divisor")[:1], [1.0] * len(_by_rows(figs, "row_divisor")[0]), "-")]
+    rows_series += [(n, *_by_rows(figs, n), None) for n in all_defects]
+    out.append(("weight-by-rows", "Per-rollout weight against rows per rollout", "Each rollout's share of the "
+                "step's loss weight times the number of rollouts (1.0 is an equal share, rowgrove's under "
+                "rollout-mean), averaged over the rollouts with that many rows, over steps and seeds.",
+                rows_series, ("rows per rollout", "weight x rollouts")))
+    out.append(("tokens", "Trained tokens never sampled (5) or rejected (6)", "Per step: trained tokens of the "
+                "re-tokenized rows that the engine never sampled there (difflib alignment against the sampled "
+                "ids), and trained tokens that belong to rejected (resampled) calls. rowgrove trains neither (0).",
+                [("rowgrove", *_per_step(figs, "retokenized", "never_sampled_tokens")[:1],
+                  [0.0] * len(_per_step(figs, "retokenized", "never_sampled_tokens")[0]), "-"),
+                 ("retokenized", *_per_step(figs, "retokenized", "never_sampled_tokens"), None),
+                 ("rejected_trained", *_per_step(figs, "rejected_trained", "rejected_tokens_trained"), None)],
+                ("step", "tokens per step")))
+    out.append(("logprob-gap", "Log-probability gap of re-tokenized text", "Per step, mean over trained spans "
+                "(one call's sampled tokens): the engine's logprob of the sampled ids minus the policy's logprob "
+                "of the re-tokenized ids of the same text, in nats (the policy holds the weights that sampled the "
+                "step). rowgrove trains the sampled ids with the engine's logprobs: 0.",
+                [("rowgrove", *_per_step(figs, "retokenized", "logprob_gap_per_span")[:1],
+                  [0.0] * len(_per_step(figs, "retokenized", "logprob_gap_per_span")[0]), "-"),
+                 ("retokenized", *_per_step(figs, "retokenized", "logprob_gap_per_span"), None)],
+                ("step", "nats per span")))
+    curves = result["curves"]
+    series, bands = [], {}
+    for name, per_seed in curves.items():
+        r = np.asarray(list(per_seed.values()), np.float64)
+        xs = list(range(1, r.shape[1] + 1))
+        series.append((name, xs, r.mean(0).tolist(), None))
+        bands[name] = (r.min(0).tolist(), r.max(0).tolist())
+    out.append(("curves", "Learning curves: reward per step, each defect switched on alone", f"Mean reward of the "
+                f"step's rollouts, averaged over {result['seeds']} seed(s) (band: lowest to highest seed). Every run "
+                "starts from the same warmed model and samples step 1 with the same seeds, so step 1 is the same "
+                "rollouts in every run; later steps differ only through the seam.",
+                series, ("step", "reward (mean over rollouts)"), bands))
+    return out
+
+
+def _table(result: Mapping[str, Any]) -> str:
+    s = result["summary"]
+    cols = [("wrong_sign", "wrong sign", "{:.1%}"), ("mass_ratio", "signal mass / rowgrove's", "{:.3f}"),
+            ("weight_cv", "weight spread (cv)", "{:.3f}"), ("never_sampled_tokens", "never-sampled tokens / step", "{:.1f}"),
+            ("rejected_tokens_trained", "rejected tokens / step", "{:.1f}"),
+            ("logprob_gap_per_span", "logprob gap / span (nats)", "{:.3f}"),
+            ("logprob_gap_per_changed_span", "logprob gap / changed span (nats)", "{:.2f}"),
+            ("reward_last_step", "reward, last step", "{:.3f}"),
+            ("reward_mean_last_3_steps", "reward, mean of the last 3 steps", "{:.3f}")]
+    head = "".join(f"<th>{html.escape(c)}</th>" for _, c, _ in cols)
+    body = []
+    for name in ["rowgrove", *result["defects"]]:
+        row = s.get(name, {})
+        ref = {"wrong_sign": 0.0, "mass_ratio": 1.0, "weight_cv": 0.0, "never_sampled_tokens": 0.0,
+               "rejected_tokens_trained": 0.0, "logprob_gap_per_span": 0.0} if name == "rowgrove" else {}
+        cells = []
+        for k, _, fmt in cols:
+            v = row.get(k, ref.get(k))
+            cells.append(f"<td>{fmt.format(v) if isinstance(v, (int, float)) else '–'}</td>")
+        body.append(f'<tr><th><span class="swatch" style="background:{COLORS[name]}"></span>{name}</th>{"".join(cells)}</tr>')
+    return f"<table><tr><th>seam</th>{head}</tr>{''.join(body)}</table>"
+
+
+def write_page(result: Mapping[str, Any], path: str | Path) -> Path:
+    """Write the page for a seam benchmark result (bench_seam.main's dict) to `path`."""
+    parts = []
+    for fid, title, caption, series, (xl, yl), *rest in figures_html(result):
+        png = _plot(series, xl, yl, title, bands=rest[0] if rest else None)
+        parts.append(f'<figure id="{fid}"><img alt="{html.escape(title)}" src="data:image/png;base64,{png}">'
+                     f"<figcaption><b>{html.escape(title)}.</b> {html.escape(caption)}</figcaption>"
+                     f"{_legend(series, result['defects'])}</figure>")
+    cfg = html.escape(json.dumps(result["config"], indent=1, sort_keys=True))
+    quick = " (--quick: a smoke run, not a measurement)" if result.get("quick") else ""
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>rowgrove bench seam</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 72em; }}
+table {{ border-collapse: collapse; }} th, td {{ text-align: left; padding: 2px 10px; border-bottom: 1px solid #ddd; }}
+figure {{ margin: 1.5em 0; }} figcaption {{ max-width: 60em; }}
+.legend {{ list-style: none; padding: 0; font-size: 13px; }}
+.swatch {{ display: inline-block; width: 1.4em; height: 0.7em; margin-right: 0.5em; vertical-align: middle; }}
+pre {{ background: #f6f6f6; padding: 8px; font-size: 12px; }}
+</style></head><body>
+<h1>What each known seam defect costs{html.escape(quick)}</h1>
+<p>The demo task, the reference trainer, {result['seeds']} seed(s). At every step of rowgrove's run, on the
+same captured rows, each defect is switched on alone and compared with rowgrove's seam; then the trainer
+runs once per defect for the learning curves. Run time {result['seconds']:.0f} s
+(<code>{html.escape(result['command'])}</code>). {html.escape(result.get('model', ''))}.</p>
+<h2>Headline (figures: means over steps and seeds; rewards: means over seeds)</h2>{_table(result)}
+<h2>Figures</h2>{''.join(parts)}
+<h2>Config</h2><pre>{cfg}</pre>
+</body></html>
+"""
+    p = Path(path)
+    p.write_text(page)
+    return p
+
+
+if __name__ == "__main__":  # re-draw a page from a results file: python bench/seam_report.py seam.json seam.html
+    import sys
+
+    write_page(json.loads(Path(sys.argv[1]).read_text()), sys.argv[2])
