@@ -5,6 +5,8 @@
     rowgrove train --config examples/gpu.yaml --model /models/Qwen3-0.6B --engine vllm --engine-url http://127.0.0.1:8001
     rowgrove train --resume runs/a                      # continue after the last checkpoint
     rowgrove train --resume runs/a --set steps=40       # ... and run longer
+    rowgrove train --config examples/demo.yaml --nproc 2 --out runs/c   # data-parallel, 2 local ranks
+    torchrun --nproc-per-node 8 --no-python rowgrove train --config examples/gpu.yaml --device cuda
 
 Precedence: the YAML file, then explicit flags, then `--set key=value` (values parsed as YAML;
 `agent.compaction=keep_last_rounds` sets one agent option). With --resume the run's own
@@ -36,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="who samples: hf (in this process, default) or a running vllm/sglang server serving --model")
     p.add_argument("--engine-url", help="the vllm/sglang server(s), comma-separated")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel trainer ranks on this machine (torch.distributed: gloo on CPU, NCCL on GPU); "
+                        "rank 0 runs the gateway and writes the run")
     add_config_arguments(p)
 
 
@@ -60,10 +65,18 @@ def print_summary(summary: object) -> None:
     print(f"\nreport: {summary.report}")  # type: ignore[attr-defined]
 
 
+def train_and_print(cfg: object, resume: bool) -> None:
+    """Train (every rank); the rank that returns a summary (rank 0) prints it."""
+    from rowgrove.train.loop import train
+
+    summary = train(cfg, resume=resume)  # type: ignore[arg-type]
+    if summary is not None:
+        print_summary(summary)
+
+
 def run(args: argparse.Namespace) -> int:
     from rowgrove.errors import InputError
     from rowgrove.train.config import load_config
-    from rowgrove.train.loop import train
 
     if args.resume:
         if args.config:
@@ -71,9 +84,13 @@ def run(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         base = load_config(run_dir / "config.json")
         cfg = load_config(None, [f"out={run_dir}", *overrides_from(args)], base=base)
-        summary = train(cfg, resume=True)
     else:
         cfg = load_config(args.config, overrides_from(args))
-        summary = train(cfg)
-    print_summary(summary)
-    return 0
+    if args.nproc < 1:
+        raise InputError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.nproc == 1:
+        train_and_print(cfg, bool(args.resume))
+        return 0
+    from rowgrove.train.parallel import launch
+
+    return launch(train_and_print, args.nproc, cfg, bool(args.resume), device=cfg.device)

@@ -230,17 +230,22 @@ def collect_rows(ledger: Any, results: list[Any]) -> tuple[list[Row], list[Any]]
 
 # ---- the loop ---------------------------------------------------------------------------------
 
-def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSummary:
+def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSummary | None:
     """Run (or, with `resume`, continue) the GRPO run `cfg` describes in `cfg.out`; see the module
-    docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there."""
+    docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there.
+
+    Inside a torch.distributed process group (`rowgrove train --nproc N`, torchrun) every rank
+    calls this: rank 0 runs the gateway, the rollouts, the checkpoints, metrics and report, and
+    returns the summary; the other ranks join each step's update (rowgrove.train.parallel) and
+    return None. Checkpoints hold the plain model, so any rank count resumes any other's."""
     from rowgrove.algo import assign_advantages
     from rowgrove.envs import make_tasks
     from rowgrove.gateway.testing import start_gateway
     from rowgrove.ledger import Ledger
     from rowgrove.model.load import load_model
     from rowgrove.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+    from rowgrove.train.parallel import DataParallel, broadcast, init_from_env, local_device
     from rowgrove.train.report import append_metrics, read_metrics, truncate_metrics
-    from rowgrove.train.update import update_policy
 
     t_start = time.time()
     run_dir = Path(cfg.out)
@@ -248,18 +253,29 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
     make_tasks(cfg.env, 0)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    ckpt = load_checkpoint(run_dir) if resume else None
-    if not resume:
+    # data-parallel (`--nproc`, torchrun): rank 0 runs everything below; the other ranks load the
+    # same model and state, then join each step's update (`_follow`)
+    distributed = init_from_env(cfg.device)
+    main = not distributed or torch.distributed.get_rank() == 0
+    if distributed:
+        cfg = cfg.replace(device=local_device(cfg.device))
+    ckpt = load_checkpoint(run_dir) if resume and main else None
+    if not resume and main:
         if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
             raise InputError(f"{run_dir} already holds a run: resume it with --resume {run_dir}, "
                              "or pass a new --out directory")
     seed_everything(cfg.seed)
 
-    start_dir = prepare_model_dir(cfg, log)
+    start_dir = prepare_model_dir(cfg, log) if main else None
+    if distributed:  # the warm-up is cached: the other ranks find rank 0's
+        torch.distributed.barrier()
+        start_dir = start_dir or prepare_model_dir(cfg, lambda *_: None)
+        ckpt = broadcast(ckpt)
+    assert start_dir is not None
     model, tok = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
-    # written once the model loads: a config that fails before it leaves no run directory behind
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    if main:  # written once the model loads: a config that fails before it leaves no run directory behind
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     start_step, extra = 0, {}
@@ -270,13 +286,19 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
             scheduler.load_state_dict(ckpt.scheduler)
         set_rng_state(ckpt.rng)
         start_step, extra = ckpt.step, dict(ckpt.extra)
-        truncate_metrics(run_dir, start_step)
-        log(f"resuming {run_dir} after step {start_step}")
+        if main:
+            truncate_metrics(run_dir, start_step)
+            log(f"resuming {run_dir} after step {start_step}")
 
     ref_model = None
     if cfg.kl_coef > 0:  # the starting policy, frozen (also on resume: it is the warmed model)
         ref_model, _ = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
         ref_model.eval().requires_grad_(False)
+    dp = DataParallel(model) if distributed else None
+    if dp is not None and not dp.is_main:
+        for step in range(start_step + 1, cfg.steps + 1):
+            _update(cfg, step, model, optimizer, scheduler, None, ref_model, dp)
+        return None
     engine = make_rollout_engine(cfg, start_dir, model, tok, run_dir)
     if cfg.engine != "hf":
         engine.weights_version = int(extra.get("weights_version", 0))
@@ -328,12 +350,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                 rows, stale_rec = _mask_stale(rows, engine.weights_version, cfg.max_staleness)
             t1 = time.time()
             rows = assign_advantages(rows, estimator=cfg.estimator, scale_by_std=cfg.scale_by_std)
-            stats = update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode,
-                                  rollouts_per_minibatch=cfg.rollouts_per_minibatch,
-                                  microbatch_tokens=cfg.microbatch_tokens, clip_eps=cfg.clip_eps,
-                                  seed=_mix(cfg.seed, step, 2) % 2**31, packed=cfg.packed,
-                                  max_grad_norm=cfg.max_grad_norm, scheduler=scheduler,
-                                  ref_model=ref_model, kl_coef=cfg.kl_coef)
+            stats = _update(cfg, step, model, optimizer, scheduler, rows, ref_model, dp)
             model.eval()
             engine.update_weights(model.state_dict())
             extra["weights_version"] = int(engine.weights_version)
@@ -370,6 +387,20 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
         lineages = _lineages(ledger, last_built)
         ledger.close()
     return _finish(run_dir, cfg, extra, lineages, time.time() - t_start, read_metrics(run_dir))
+
+
+def _update(cfg: TrainConfig, step: int, model: Any, optimizer: Any, scheduler: Any, rows: list[Row] | None,
+            ref_model: Any, dp: Any) -> dict[str, float]:
+    """Step `step`'s policy update (every rank calls it together under data parallelism; only
+    rank 0 has the rows)."""
+    from rowgrove.train.update import update_policy
+
+    return update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode,
+                         rollouts_per_minibatch=cfg.rollouts_per_minibatch,
+                         microbatch_tokens=cfg.microbatch_tokens, clip_eps=cfg.clip_eps,
+                         seed=_mix(cfg.seed, step, 2) % 2**31, packed=cfg.packed,
+                         max_grad_norm=cfg.max_grad_norm, scheduler=scheduler,
+                         ref_model=ref_model, kl_coef=cfg.kl_coef, dp=dp)
 
 
 def _mask_stale(rows: list[Row], current: int, max_staleness: int) -> tuple[list[Row], dict[str, Any]]:

@@ -86,12 +86,7 @@ class DataParallel:
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank (pickled)."""
-        box = [obj if self.is_main else None]
-        dist.broadcast_object_list(box, src=0, device=self._comm_device())
-        return box[0]
-
-    def _comm_device(self) -> torch.device | None:
-        return self.device if dist.get_backend() == "nccl" else None
+        return broadcast(obj)
 
     def scatter_minibatches(self, rows: Sequence[Row] | None, rollouts_per_minibatch: int, seed: int) -> list[Share]:
         """Rank 0 cuts its rows into mini-batches of whole rollouts (`minibatches`), deals each
@@ -142,6 +137,13 @@ class DataParallel:
 
     def barrier(self) -> None:
         dist.barrier()
+
+
+def broadcast(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank of the initialized process group (pickled)."""
+    box = [obj if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)  # NCCL: through the current CUDA device (set per rank)
+    return box[0]
 
 
 def backend_for(device: str) -> str:
