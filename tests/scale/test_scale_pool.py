@@ -32,16 +32,22 @@ def jobs(n_groups=4, per_group=4, pause=0.0, turns=2):
     return out
 
 
+@pytest.fixture(scope="module")
+def pool(local_ray, tmp_path_factory):
+    """One pool for the module (actors take seconds to start); the kill test runs last."""
+    with GatewayPool(2, ledger_dir=tmp_path_factory.mktemp("pool"), gateway_cpus=0.25, max_in_flight=8) as p:
+        yield p
+
+
 def _by_key(outcomes, rows):
     key = {o.rollout_id: o.key for o in outcomes}
     return {(key[r.rollout_id], r.segment): r for r in rows}
 
 
-def test_two_gateways_serve_a_step_like_one(local_ray, tmp_path):
+def test_two_gateways_serve_a_step_like_one(pool, tmp_path):
     step = jobs()
-    with GatewayPool(2, ledger_dir=tmp_path / "pool", gateway_cpus=0.25, max_in_flight=8) as pool:
-        got = pool.run(step)
-        ledgers = pool.ledgers
+    got = pool.run(step)
+    ledgers = pool.ledgers
     assert len(got.outcomes) == 16 and not got.masked and got.replaced == []
     on = {k: {o.group_id for o in got.outcomes if o.slot == k} for k in (0, 1)}
     assert on[0] and on[1] and on[0] & on[1]  # both gateways served, and some group spans both
@@ -67,34 +73,33 @@ def test_two_gateways_serve_a_step_like_one(local_ray, tmp_path):
     assert merged == {r.rollout_id: r.advantage for r in rows}
 
 
-def test_a_gateway_killed_mid_step_masks_its_open_rollouts(local_ray, tmp_path):
+def test_a_gateway_killed_mid_step_masks_its_open_rollouts(local_ray, pool):
     step = jobs(n_groups=2, per_group=4, pause=0.4, turns=3)
-    with GatewayPool(2, ledger_dir=tmp_path / "pool", gateway_cpus=0.25, max_in_flight=8) as pool:
-        victim = pool.slots[1].actor
+    victim = pool.slots[1].actor
 
-        def kill_when_busy():  # kill gateway 1 once it holds an open rollout
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if local_ray.get(victim.open_rollouts.remote()):
-                    pool.kill(1)
-                    return
-                time.sleep(0.05)
+    def kill_when_busy():  # kill gateway 1 once it holds an open rollout
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if local_ray.get(victim.open_rollouts.remote()):
+                pool.kill(1)
+                return
+            time.sleep(0.05)
 
-        killer = threading.Thread(target=kill_when_busy)
-        killer.start()
-        got = pool.run(step)
-        killer.join()
-        assert got.replaced == [1]
-        lost = [o for o in got.outcomes if o.slot == 1 and o.generation == 0 and o.mask_reason]
-        assert lost and all(o.mask_reason.startswith("gateway_died: gateway 1") for o in lost)
-        assert all(o.reward is None and o.rows == [] for o in got.masked)  # masked, never reward 0
-        assert got.masked == lost  # nothing on gateway 0 was harmed
-        kept = {r.rollout_id for r in got.rows}
-        assert {o.rollout_id for o in got.outcomes if not o.mask_reason} == kept and kept
-        assign_advantages(got.rows)  # the step's rows still make a step
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    got = pool.run(step)
+    killer.join()
+    assert got.replaced == [1]
+    lost = [o for o in got.outcomes if o.slot == 1 and o.generation == 0 and o.mask_reason]
+    assert lost and all(o.mask_reason.startswith("gateway_died: gateway 1") for o in lost)
+    assert all(o.reward is None and o.rows == [] for o in got.masked)  # masked, never reward 0
+    assert got.masked == lost  # nothing on gateway 0 was harmed
+    kept = {r.rollout_id for r in got.rows}
+    assert {o.rollout_id for o in got.outcomes if not o.mask_reason} == kept and kept
+    assign_advantages(got.rows)  # the step's rows still make a step
 
-        # the slot holds a live replacement with a fresh ledger, and it takes new rollouts
-        assert pool.slots[1].generation == 1 and pool.slots[1].ledger.endswith("gateway-1.1.sqlite")
-        again = pool.run(jobs(n_groups=1, per_group=4))
-        assert not again.masked and {o.slot for o in again.outcomes} == {0, 1}
-        assert {o.generation for o in again.outcomes if o.slot == 1} == {1}
+    # the slot holds a live replacement with a fresh ledger, and it takes new rollouts
+    assert pool.slots[1].generation == 1 and pool.slots[1].ledger.endswith("gateway-1.1.sqlite")
+    again = pool.run(jobs(n_groups=1, per_group=4))
+    assert not again.masked and {o.slot for o in again.outcomes} == {0, 1}
+    assert {o.generation for o in again.outcomes if o.slot == 1} == {1}

@@ -6,6 +6,8 @@
     rowgrove train --resume runs/a                      # continue after the last checkpoint
     rowgrove train --resume runs/a --set steps=40       # ... and run longer
     rowgrove train --config examples/demo.yaml --nproc 2 --out runs/c   # data-parallel, 2 local ranks
+    rowgrove train --config examples/demo.yaml --ray --gateways 4 --out runs/d   # rollouts on a local Ray
+    rowgrove train --config examples/multinode.yaml --ray --ray-address auto --nproc 8 --device cuda
     torchrun --nproc-per-node 8 --no-python rowgrove train --config examples/gpu.yaml --device cuda
 
 Precedence: the YAML file, then explicit flags, then `--set key=value` (values parsed as YAML;
@@ -41,16 +43,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=1,
                    help="data-parallel trainer ranks on this machine (torch.distributed: gloo on CPU, NCCL on GPU); "
                         "rank 0 runs the gateway and writes the run")
+    p.add_argument("--ray", action="store_true",
+                   help="run the rollouts on Ray: gateway actors (--gateways), episodes as Ray tasks (needs rowgrove[ray])")
+    p.add_argument("--gateways", type=int, help="gateway actors with --ray (default 2), each with its own engine and ledger")
+    p.add_argument("--ray-address", help="Ray cluster to join with --ray (e.g. auto); without it a local Ray starts")
     add_config_arguments(p)
 
 
 def overrides_from(args: argparse.Namespace) -> list[str]:
     """Explicit flags as key=value overrides, followed by --set ones."""
     out = []
-    for key in ("out", "seed", "steps", "device", "threads", "model", "engine", "engine_url"):
+    for key in ("out", "seed", "steps", "device", "threads", "model", "engine", "engine_url", "gateways",
+                "ray_address"):
         value = getattr(args, key, None)
         if value is not None:
             out.append(f"{key}={value}")
+    if getattr(args, "ray", False):
+        out.append("ray=true")
     if getattr(args, "no_progress", False):
         out.append("progress=false")
     return out + list(args.overrides)

@@ -31,6 +31,7 @@ class HarnessResult:
     reward: float
     valid: bool = True
     calls: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 # async (base_url, api_key) -> HarnessResult; must be picklable (it travels to a Ray worker)
@@ -64,6 +65,7 @@ class EpisodeOutcome:
     invalid_reason: str | None = None
     mask_reason: str | None = None
     calls: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -96,6 +98,41 @@ class ScriptedHarness:
         finally:
             await client.close()
         return HarnessResult(messages=messages, reward=self.reward, calls=len(self.replies))
+
+
+@dataclass
+class AgentHarness:
+    """The reference agent (`rowgrove.agents.run_episode`) on one task of env `env`, as a harness:
+    what `rowgrove train --ray` runs in each episode task. `extra_body(action, attempt)` gives
+    each model call's extra fields (the trainer's sampling seeds). A model call that fails after
+    the SDK's retries ends the episode invalid (masked by its rows), as in
+    `rowgrove.agents.run_rollout`."""
+
+    env: str
+    env_seed: int
+    task: Any
+    config: Any
+    extra_body: Any = None
+
+    async def __call__(self, base_url: str, api_key: str) -> HarnessResult:
+        import openai
+
+        from rowgrove.agents.loop import run_episode as agent_episode
+        from rowgrove.envs import make_env
+
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=2,
+                                    timeout=httpx.Timeout(300.0, connect=10.0))
+        try:
+            res = await agent_episode(client, make_env(self.env, self.env_seed), self.task, self.config,
+                                      model="policy", extra_body=self.extra_body)
+        except (openai.OpenAIError, httpx.HTTPError) as exc:
+            return HarnessResult(messages=[{"role": "user", "content": self.task.prompt}], reward=0.0, valid=False,
+                                 info={"end": "error", "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            await client.close()
+        return HarnessResult(messages=res.messages, reward=res.reward, valid=res.valid, calls=res.calls,
+                             info={**res.info, "actions": res.actions, "rejected": res.rejected,
+                                   "compactions": res.compactions})
 
 
 async def _episode(gateway_url: str, job: EpisodeJob, slot: int, generation: int) -> EpisodeOutcome:
@@ -136,6 +173,7 @@ async def _episode(gateway_url: str, job: EpisodeJob, slot: int, generation: int
             return out
     out.reward = float(result.reward)
     out.calls = result.calls
+    out.info = dict(result.info)
     out.rows = [row_from_json(d) for d in got["rows"]]
     out.metrics = dict(got.get("metrics") or {})
     out.invalid_reason = got.get("invalid_reason")

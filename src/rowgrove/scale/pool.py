@@ -63,14 +63,19 @@ class _Slot:
 class GatewayPool:
     """`n` gateways as Ray actors, each with its own ledger under `ledger_dir`.
 
-    `model`, `engine`, `engine_options`: what each gateway serves (see GatewayServer).
+    `model`, `engine`, `engine_options`: what each gateway serves (see GatewayServer);
+    `engine_options` may be a list, one dict per gateway (each its own servers' URLs).
     `max_in_flight`: episode tasks at once, over all gateways (default 8 per gateway).
-    `episode_cpus` / `gateway_cpus`: Ray CPU resources per episode task / gateway actor.
+    `episode_cpus` / `gateway_cpus`: Ray CPU resources per episode task / gateway actor;
+    `gateway_resources`: custom Ray resources each gateway actor needs (start the inference
+    nodes with `ray start --resources '{"rowgrove_gateway": 1}'` and pass {"rowgrove_gateway": 1}
+    to put one gateway on each, next to its servers).
     Call `close()` (or use `with`) to stop the actors."""
 
     def __init__(self, n: int, *, ledger_dir: str | Path, model: str = "tiny", engine: str = "scripted",
-                 engine_options: dict[str, Any] | None = None, max_in_flight: int | None = None,
-                 episode_cpus: float = 0.25, gateway_cpus: float = 0.5, threads: int | None = 1,
+                 engine_options: dict[str, Any] | list[dict[str, Any]] | None = None, max_in_flight: int | None = None,
+                 episode_cpus: float = 0.25, gateway_cpus: float = 0.5, gateway_resources: dict[str, float] | None = None,
+                 threads: int | None = 1,
                  settings: dict[str, Any] | None = None):
         ray = require_ray()
         if n < 1:
@@ -80,8 +85,10 @@ class GatewayPool:
         from rowgrove.scale.gateway_actor import GatewayServer
 
         self._ray = ray
-        self._actor_cls = ray.remote(num_cpus=gateway_cpus, max_restarts=0)(GatewayServer)
+        self._actor_cls = ray.remote(num_cpus=gateway_cpus, resources=gateway_resources or {}, max_restarts=0)(GatewayServer)
         self._task = ray.remote(num_cpus=episode_cpus, max_retries=0)(run_episode)
+        if isinstance(engine_options, list) and len(engine_options) != n:
+            raise InputError(f"engine_options lists {len(engine_options)} gateways' options for {n} gateways")
         self._spec = dict(model=model, engine=engine, engine_options=engine_options, threads=threads,
                           settings=settings)
         self.ledger_dir = Path(ledger_dir)
@@ -98,8 +105,9 @@ class GatewayPool:
 
     def _start(self, slot: int, generation: int) -> tuple[Any, str]:
         ledger = str(self.ledger_dir / f"gateway-{slot}.{generation}.sqlite")
+        options = self._spec["engine_options"]
         return self._actor_cls.remote(self._spec["model"], self._spec["engine"], ledger,
-                                      engine_options=self._spec["engine_options"], threads=self._spec["threads"],
+                                      engine_options=options[slot] if isinstance(options, list) else options, threads=self._spec["threads"],
                                       settings=self._spec["settings"]), ledger
 
     def _replace(self, k: int) -> None:

@@ -34,6 +34,7 @@ engine is idle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import math
@@ -228,6 +229,44 @@ def collect_rows(ledger: Any, results: list[Any]) -> tuple[list[Row], list[Any]]
     return rows, built
 
 
+class _LocalRollouts:
+    """The gateway in this process in front of `engine`, its ledger read back for rows. The loop
+    talks to this or to `rowgrove.train.ray_rollouts.RayRollouts` (gateways on Ray) alike."""
+
+    def __init__(self, gw: Any, engine: Any, ledger: Any):
+        self.gw, self.engine, self.ledger = gw, engine, ledger
+
+    @property
+    def weights_version(self) -> int:
+        return int(self.engine.weights_version)
+
+    def run(self, cfg: TrainConfig, tasks: list[Any], n: int, tag: str, seed: int) -> list[Any]:
+        return run_group_rollouts(self.gw.url, cfg, tasks, n, tag, seed)
+
+    def rows(self, results: list[Any]) -> tuple[list[Row], list[Any]]:
+        return collect_rows(self.ledger, results)
+
+    def sync(self, state_dict: dict[str, Any]) -> int:
+        self.engine.update_weights(state_dict)
+        return self.weights_version
+
+    def lineages(self, built: list[Any]) -> list[tuple[str, str]]:
+        return _lineages(self.ledger, built)
+
+
+@contextlib.contextmanager
+def _local_rollouts(start_dir: Path, engine: Any, ledger_path: Path) -> Any:
+    from rowgrove.gateway.testing import start_gateway
+    from rowgrove.ledger import Ledger
+
+    with start_gateway(str(start_dir), engine=engine, ledger=ledger_path) as gw:
+        ledger = Ledger(ledger_path, readonly=True)
+        try:
+            yield _LocalRollouts(gw, engine, ledger)
+        finally:
+            ledger.close()
+
+
 # ---- the loop ---------------------------------------------------------------------------------
 
 def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSummary | None:
@@ -240,8 +279,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
     return None. Checkpoints hold the plain model, so any rank count resumes any other's."""
     from rowgrove.algo import assign_advantages
     from rowgrove.envs import make_tasks
-    from rowgrove.gateway.testing import start_gateway
-    from rowgrove.ledger import Ledger
     from rowgrove.model.load import load_model
     from rowgrove.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
     from rowgrove.train.parallel import DataParallel, broadcast, init_from_env, local_device
@@ -299,8 +336,14 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
         for step in range(start_step + 1, cfg.steps + 1):
             _update(cfg, step, model, optimizer, scheduler, None, ref_model, dp)
         return None
-    engine = make_rollout_engine(cfg, start_dir, model, tok, run_dir)
-    if cfg.engine != "hf":
+    if cfg.ray:  # gateways as Ray actors, each with its own engine (rowgrove.train.ray_rollouts)
+        from rowgrove.train.ray_rollouts import RayRollouts
+
+        rollouts: Any = RayRollouts(cfg, start_dir, run_dir)
+        if ckpt is not None:
+            rollouts.sync(model.state_dict())
+    engine = None if cfg.ray else make_rollout_engine(cfg, start_dir, model, tok, run_dir)
+    if engine is not None and cfg.engine != "hf":
         engine.weights_version = int(extra.get("weights_version", 0))
         if ckpt is not None or start_dir.resolve() != _served_dir(cfg).resolve():
             # the servers serve the base folder; the policy starts from the warm-up or a checkpoint
@@ -311,12 +354,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
     def evaluate(tag: str) -> float | None:
         if not eval_tasks:
             return None
-        results = run_group_rollouts(gw.url, cfg, eval_tasks, 1, tag, _mix(cfg.seed, 77))
-        return float(np.mean([r.reward for r in results]))
+        results = rollouts.run(cfg, eval_tasks, 1, tag, _mix(cfg.seed, 77))
+        return float(np.nanmean([r.reward for r in results]))
 
     bar = None
-    with start_gateway(str(start_dir), engine=engine, ledger=run_dir / "ledger.sqlite") as gw:
-        ledger = Ledger(run_dir / "ledger.sqlite", readonly=True)
+    with (contextlib.closing(rollouts) if cfg.ray
+          else _local_rollouts(start_dir, engine, run_dir / "ledger.sqlite")) as rollouts:
         if start_step == 0 and "eval_before" not in extra:
             extra["eval_before"] = evaluate("eval-before")
             if extra["eval_before"] is not None:
@@ -333,7 +376,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
             if step > cfg.steps:
                 return None
             tasks = make_tasks(cfg.env, cfg.prompts_per_step, _mix(cfg.seed, step) % 2**31)
-            return pool.submit(run_group_rollouts, gw.url, cfg, tasks, cfg.rollouts_per_prompt, f"s{step}",
+            return pool.submit(rollouts.run, cfg, tasks, cfg.rollouts_per_prompt, f"s{step}",
                                _mix(cfg.seed, step, 1))
 
         pending = launch(start_step + 1)
@@ -343,23 +386,22 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
             # off-policy: the next step's rollouts are sampled while this step trains, and the
             # weight sync below lands while they run (their tokens carry the versions they got)
             pending = launch(step + 1) if cfg.off_policy_steps else None
-            rows, built = collect_rows(ledger, results)
+            rows, built = rollouts.rows(results)
             stale_rec = {}
             if cfg.max_staleness is not None:
                 # the version the engine holds now, before this step's update
-                rows, stale_rec = _mask_stale(rows, engine.weights_version, cfg.max_staleness)
+                rows, stale_rec = _mask_stale(rows, rollouts.weights_version, cfg.max_staleness)
             t1 = time.time()
             rows = assign_advantages(rows, estimator=cfg.estimator, scale_by_std=cfg.scale_by_std)
             stats = _update(cfg, step, model, optimizer, scheduler, rows, ref_model, dp)
             model.eval()
-            engine.update_weights(model.state_dict())
-            extra["weights_version"] = int(engine.weights_version)
+            extra["weights_version"] = rollouts.sync(model.state_dict())
             if pending is None:
                 pending = launch(step + 1)
             t2 = time.time()
-            rewards = np.asarray([r.reward for r in results], np.float64)
+            rewards = np.asarray([r.reward for r in results], np.float64)  # NaN: masked on Ray (a lost gateway)
             rec = {
-                "step": step, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+                "step": step, "reward_mean": float(np.nanmean(rewards)), "reward_std": float(np.nanstd(rewards)),
                 "rows_per_rollout": len(rows) / len(results),
                 "roots_per_rollout": float(np.mean([b.metrics.get("roots", 0) for b in built])),
                 "rejected_calls": int(sum(b.metrics.get("rejected_calls", 0) for b in built)),
@@ -370,7 +412,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
                 "clip_fraction": stats["clip_fraction"], "approx_kl": stats["approx_kl"],
                 "entropy": stats["entropy"], "ref_kl": stats["ref_kl"], "updates": int(stats["updates"]),
                 "lr": float(scheduler.get_last_lr()[0]), "rollout_time": t1 - t0, "train_time": t2 - t1,
-                "step_time": t2 - t0, "weights_version": int(engine.weights_version), **stale_rec,
+                "step_time": t2 - t0, "weights_version": int(rollouts.weights_version), **stale_rec,
             }
             append_metrics(run_dir, rec)
             last_built = [(r, b) for r, b in zip(results, built, strict=True)]
@@ -384,8 +426,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
         if bar is not None:
             bar.close()
         extra["eval_after"] = evaluate("eval-after")
-        lineages = _lineages(ledger, last_built)
-        ledger.close()
+        lineages = rollouts.lineages(last_built)
     return _finish(run_dir, cfg, extra, lineages, time.time() - t_start, read_metrics(run_dir))
 
 
