@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="the `ray` extra is not installed")
-
 
 @pytest.fixture(scope="session")
 def local_ray():
     import rowgrove
+
+    ray = pytest.importorskip("ray", reason="the `ray` extra is not installed")
 
     src = str(Path(rowgrove.__file__).resolve().parents[1])  # workers import rowgrove from here too
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)

@@ -17,6 +17,8 @@ from rowgrove.gateway.testing import start_gateway
 from rowgrove.scale import EpisodeJob, GatewayPool, ScriptedHarness
 from rowgrove.scale.episodes import run_episode
 
+pytest.importorskip("ray", reason="the `ray` extra is not installed")
+
 pytestmark = pytest.mark.ray
 
 REWARDS = [1.0, 0.0, 0.5, 0.0]  # per job within a group; group g adds g: uneven means and stds

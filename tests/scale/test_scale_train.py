@@ -11,6 +11,8 @@ import yaml
 from rowgrove.cli import main
 from rowgrove.train.checkpoint import load_checkpoint
 
+pytest.importorskip("ray", reason="the `ray` extra is not installed")
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 SMALL = dict(

@@ -195,7 +195,7 @@ class GatewayPool:
                         replaced.append(out.slot)
                 if (out.slot, out.generation) in dead and out.mask_reason is not None:
                     out.mask_reason = f"gateway_died: gateway {out.slot} (actor generation {out.generation}) " \
-                                      f"was lost with this rollout open ({out.mask_reason})"
+                                      f"was lost before this rollout finished ({out.mask_reason})"
                 done[out.key] = out
         outcomes = [done[k] for k in keys]
         by_actor: dict[str, list[str]] = {}
