@@ -15,7 +15,7 @@ from rowgrove.train.checkpoint import load_checkpoint
 
 from test_train_loop import SMALL
 
-pytestmark = pytest.mark.slow  # three short runs, one of them two spawned ranks (about a minute)
+SLOW = pytest.mark.slow  # three short runs, one of them two spawned ranks (about a minute)
 
 
 def _config(tmp_path):
@@ -36,6 +36,7 @@ def _rewards(run):
     return [json.loads(x)["reward_mean"] for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@SLOW
 def test_two_ranks_train_like_one_and_resume_with_one(tmp_path, capsys):
     cfg = _config(tmp_path)
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
@@ -60,7 +61,12 @@ def test_two_ranks_train_like_one_and_resume_with_one(tmp_path, capsys):
     assert _rewards(resumed) == _rewards(one)
 
 
-def test_nproc_must_be_positive(tmp_path, capsys):
-    assert main(["train", "--config", _config(tmp_path), "--out", str(tmp_path / "x"), "--nproc", "0"]) == 2
+@pytest.mark.parametrize("flags, says", [(["--nproc", "0"], "--nproc must be at least 1"),
+                                         (["--gateways", "2"], "add --ray"),
+                                         (["--ray-address", "auto"], "add --ray"),
+                                         (["--ray", "--gateways", "0"], "gateways=0 (must be >= 1)")])
+def test_bad_scale_flags_are_one_line_errors(tmp_path, capsys, flags, says):
+    assert main(["train", "--config", _config(tmp_path), "--out", str(tmp_path / "x"), *flags]) == 2
     err = capsys.readouterr().err
-    assert "--nproc must be at least 1" in err and err.count("\n") == 1
+    assert says in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()

@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, overrides_from(args))
     if args.nproc < 1:
         raise InputError(f"--nproc must be at least 1, got {args.nproc}")
+    if not cfg.ray and (args.gateways is not None or args.ray_address is not None):
+        raise InputError("--gateways and --ray-address set up the Ray rollouts: add --ray")
     if args.nproc == 1:
         train_and_print(cfg, bool(args.resume))
         return 0

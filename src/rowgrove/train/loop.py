@@ -291,9 +291,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # data-parallel (`--nproc`, torchrun): rank 0 runs everything below; the other ranks load the
-    # same model and state, then join each step's update (`_follow`)
+    # same model and state, then join each step's update (the short loop after DataParallel)
     distributed = init_from_env(cfg.device)
     main = not distributed or torch.distributed.get_rank() == 0
+    saved = cfg  # config.json keeps "cuda", not this rank's "cuda:K": a resume may use other ranks
     if distributed:
         cfg = cfg.replace(device=local_device(cfg.device))
     ckpt = load_checkpoint(run_dir) if resume and main else None
@@ -312,7 +313,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print) -> RunSum
     model, tok = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
     if main:  # written once the model loads: a config that fails before it leaves no run directory behind
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+        (run_dir / "config.json").write_text(json.dumps(saved.to_dict(), indent=2, sort_keys=True) + "\n")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     start_step, extra = 0, {}

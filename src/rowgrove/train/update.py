@@ -279,17 +279,20 @@ def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[R
     for mb_rows, counts in mbs:
         weights = loss_weights(mb_rows, loss_mode, counts=counts)
         optimizer.zero_grad(set_to_none=True)
-        with contextlib.nullcontext() if dp is None else dp.accumulate():
-            for micro in build_microbatches(mb_rows, weights, capacity=microbatch_tokens, packed=packed, device=device):
-                if not bool(micro.trained.any()):
-                    continue
-                loss, stats = ppo_clip_loss(net, micro, clip_eps, ref_model=ref_model, kl_coef=kl_coef)
-                loss.backward()
-                loss_total += float(loss.detach())
-                for k in totals:
-                    totals[k] += stats[k]
+        accumulate = contextlib.ExitStack()  # data parallel: backward passes only accumulate locally
         if dp is not None:
-            dp.sync_gradients()
+            accumulate.enter_context(dp.accumulate())
+        for micro in build_microbatches(mb_rows, weights, capacity=microbatch_tokens, packed=packed, device=device):
+            if not bool(micro.trained.any()):
+                continue
+            loss, stats = ppo_clip_loss(net, micro, clip_eps, ref_model=ref_model, kl_coef=kl_coef)
+            loss.backward()
+            loss_total += float(loss.detach())
+            for k in totals:
+                totals[k] += stats[k]
+        accumulate.close()
+        if dp is not None:
+            dp.sync_gradients()  # then all ranks' gradients are summed
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
