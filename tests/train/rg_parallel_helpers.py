@@ -49,3 +49,15 @@ def dp_update_worker(out: str, modes: list[str]) -> None:
         if rank == 0:
             torch.save({"params": [p.detach().clone() for p in model.parameters()], "stats": stats},
                        Path(out) / f"{mode}.pt")
+
+
+if __name__ == "__main__":  # under torchrun: the process group comes from its environment
+    import sys
+
+    from rowgrove.train.parallel import init_from_env
+
+    assert init_from_env("cpu")
+    try:
+        dp_update_worker(sys.argv[1], sys.argv[2:])
+    finally:
+        dist.destroy_process_group()

@@ -1,16 +1,24 @@
-"""Data-parallel updates with torch.distributed (gloo, 2 CPU processes): the 2-rank update equals
-the 1-rank update in both loss modes, with rollouts split into rows that are dealt unevenly."""
+"""Data-parallel updates with torch.distributed (gloo, 2 CPU processes started by torchrun): the
+2-rank update equals the 1-rank update in both loss modes, with rollouts split into rows that are
+dealt unevenly. (`rowgrove train --nproc`'s own launcher is tested in test_train_nproc.py.)"""
 
 from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from rg_parallel_helpers import UPDATE, dp_update_worker, one_update, uneven_rows
+from rg_parallel_helpers import UPDATE, one_update, uneven_rows
 from rg_train_helpers import tiny_llama
 
 from rowgrove.algo import minibatches, split_across_ranks
-from rowgrove.train.parallel import launch
+
+HERE = Path(__file__).resolve().parent
 
 MODES = ["token-mean", "rollout-mean"]
 
@@ -28,7 +36,15 @@ def test_the_rows_are_dealt_unevenly():
 
 @pytest.mark.slow  # two spawned ranks import torch and transformers: tens of seconds on 2 cores
 def test_two_ranks_update_like_one(tmp_path):
-    assert launch(dp_update_worker, 2, str(tmp_path), MODES) == 0
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                    "--master-addr", "127.0.0.1", "--master-port", str(port),
+                    str(HERE / "rg_parallel_helpers.py"), str(tmp_path), *MODES],
+                   env=env, check=True, timeout=600)
     for mode in MODES:
         single = tiny_llama(0)
         stats_1 = one_update(single, uneven_rows(), mode)
