@@ -10,15 +10,16 @@ See docs/math.md for every formula and its divisor.
 """
 
 from rowgrove.algo.advantages import ESTIMATORS, assign_advantages, group_advantages
-from rowgrove.algo.batching import minibatches
+from rowgrove.algo.batching import minibatches, split_across_ranks
 from rowgrove.algo.packing import PackedBin, pack_rows, pack_tokens, packed_attention_mask, unpack_tokens
 from rowgrove.algo.staleness import mask_stale, staleness
-from rowgrove.algo.weights import MODES, loss_weights
+from rowgrove.algo.weights import MODES, RolloutCounts, loss_weights, rollout_counts
 
 __all__ = [
     "ESTIMATORS",
     "MODES",
     "PackedBin",
+    "RolloutCounts",
     "assign_advantages",
     "group_advantages",
     "loss_weights",
@@ -27,6 +28,8 @@ __all__ = [
     "pack_rows",
     "pack_tokens",
     "packed_attention_mask",
+    "rollout_counts",
+    "split_across_ranks",
     "staleness",
     "unpack_tokens",
 ]

@@ -38,3 +38,22 @@ def minibatches(rows: Sequence[Row], rollouts_per_minibatch: int, *, seed: int =
     for row in rows:
         out[minibatch_of[row.rollout_id]].append(row)
     return out
+
+
+def split_across_ranks(rows: Sequence[Row], n_ranks: int) -> list[list[Row]]:
+    """One mini-batch's rows dealt to `n_ranks` data-parallel ranks, balancing tokens: rows are
+    taken longest first (ties by input position) and each goes to the rank holding the fewest
+    tokens so far (ties: the lowest rank). Rows, not rollouts: a rollout's rows may land on
+    different ranks, which the loss weights allow as long as their divisors are the global ones
+    (`loss_weights(..., counts=)`). Inside a rank rows keep their input order; a rank may get none.
+    """
+    if isinstance(n_ranks, bool) or not isinstance(n_ranks, int | np.integer) or n_ranks < 1:
+        raise InputError(f"n_ranks must be a positive int, got {n_ranks!r}")
+    rows = list(rows)
+    load = [0] * n_ranks
+    rank_of = [0] * len(rows)
+    for i in sorted(range(len(rows)), key=lambda i: (-len(rows[i].input_ids), i)):
+        r = min(range(n_ranks), key=lambda k: (load[k], k))
+        rank_of[i] = r
+        load[r] += len(rows[i].input_ids)
+    return [[row for row, r in zip(rows, rank_of, strict=True) if r == k] for k in range(n_ranks)]

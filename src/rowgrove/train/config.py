@@ -109,6 +109,13 @@ class TrainConfig:
     """torch.set_num_threads for the single process (0 leaves torch's default)."""
     progress: bool = True
     """Show a tqdm progress bar with the running reward."""
+    ray: bool = False
+    """Run the rollouts on Ray (rowgrove.scale.GatewayPool: `gateways` gateway actors, each with
+    its own engine and ledger; episodes as Ray tasks). Needs the `ray` extra."""
+    gateways: int = 2
+    """Gateway actors with `ray` (each an engine copy with engine hf, else a share of engine_url)."""
+    ray_address: str | None = None
+    """The Ray cluster to join with `ray` ("auto", "ray://head:10001"); None starts a local Ray."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -117,7 +124,7 @@ class TrainConfig:
         if self.loss_mode not in LOSS_MODES:
             problems.append(f"loss_mode={self.loss_mode!r} (use one of {', '.join(LOSS_MODES)})")
         for name in ("prompts_per_step", "rollouts_per_prompt", "rollouts_per_minibatch",
-                     "microbatch_tokens", "max_tokens", "concurrency"):
+                     "microbatch_tokens", "max_tokens", "concurrency", "gateways"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} (must be >= 1)")
         for name in ("steps", "warmup_sft_steps", "checkpoint_every", "eval_prompts", "lr_warmup_steps"):

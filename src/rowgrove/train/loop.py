@@ -34,6 +34,7 @@ engine is idle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import math
@@ -231,25 +232,66 @@ def collect_rows(ledger: Any, results: list[Any]) -> tuple[list[Row], list[Any]]
     return rows, built
 
 
+class _LocalRollouts:
+    """The gateway in this process in front of `engine`, its ledger read back for rows. The loop
+    talks to this or to `rowgrove.train.ray_rollouts.RayRollouts` (gateways on Ray) alike."""
+
+    def __init__(self, gw: Any, engine: Any, ledger: Any):
+        self.gw, self.engine, self.ledger = gw, engine, ledger
+
+    @property
+    def weights_version(self) -> int:
+        return int(self.engine.weights_version)
+
+    def run(self, cfg: TrainConfig, tasks: list[Any], n: int, tag: str, seed: int) -> list[Any]:
+        return run_group_rollouts(self.gw.url, cfg, tasks, n, tag, seed)
+
+    def rows(self, results: list[Any]) -> tuple[list[Row], list[Any]]:
+        return collect_rows(self.ledger, results)
+
+    def sync(self, state_dict: dict[str, Any]) -> int:
+        self.engine.update_weights(state_dict)
+        return self.weights_version
+
+    def lineages(self, built: list[Any], tokenizer: Any = None) -> list[tuple[str, str]]:
+        return _lineages(self.ledger, built, tokenizer)
+
+
+@contextlib.contextmanager
+def _local_rollouts(start_dir: Path, engine: Any, ledger_path: Path) -> Any:
+    from rowgrove.gateway.testing import start_gateway
+    from rowgrove.ledger import Ledger
+
+    with start_gateway(str(start_dir), engine=engine, ledger=ledger_path) as gw:
+        ledger = Ledger(ledger_path, readonly=True)
+        try:
+            yield _LocalRollouts(gw, engine, ledger)
+        finally:
+            ledger.close()
+
+
 # ---- the loop ---------------------------------------------------------------------------------
 
 def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
-          seam: Callable[..., tuple[list[Row], Any, dict[str, Any]]] | None = None) -> RunSummary:
+          seam: Callable[..., tuple[list[Row], Any, dict[str, Any]]] | None = None) -> RunSummary | None:
     """Run (or, with `resume`, continue) the GRPO run `cfg` describes in `cfg.out`; see the module
     docstring. Writes metrics.jsonl, checkpoints/, ledger.sqlite, plots/ and report.html there.
 
     `seam` swaps rowgrove's own step from rows to loss (assign_advantages, then loss_weights) for
     another, so that a benchmark can train with a known defect switched on (bench/bench_seam.py):
     a callable `seam(step=, rows=, built=, ledger=, model=, tokenizer=, cfg=)` returning (rows
-    with advantages, the weight function update_policy is to use, extra metrics for the step)."""
+    with advantages, the weight function update_policy is to use, extra metrics for the step).
+
+    Inside a torch.distributed process group (`rowgrove train --nproc N`, torchrun) every rank
+    calls this: rank 0 runs the gateway, the rollouts, the checkpoints, metrics and report, and
+    returns the summary; the other ranks join each step's update (rowgrove.train.parallel) and
+    return None. Checkpoints hold the plain model, so any rank count resumes any other's."""
     from rowgrove.algo import assign_advantages
     from rowgrove.envs import make_tasks
-    from rowgrove.gateway.testing import start_gateway
-    from rowgrove.ledger import Ledger
     from rowgrove.model.load import load_model
     from rowgrove.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+    from rowgrove.train.parallel import DataParallel, broadcast, init_from_env, local_device
     from rowgrove.train.report import append_metrics, read_metrics, truncate_metrics
-    from rowgrove.train.update import update_policy
 
     t_start = time.time()
     run_dir = Path(cfg.out)
@@ -257,18 +299,30 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
     make_tasks(cfg.env, 0)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    ckpt = load_checkpoint(run_dir) if resume else None
-    if not resume:
+    # data-parallel (`--nproc`, torchrun): rank 0 runs everything below; the other ranks load the
+    # same model and state, then join each step's update (the short loop after DataParallel)
+    distributed = init_from_env(cfg.device)
+    main = not distributed or torch.distributed.get_rank() == 0
+    saved = cfg  # config.json keeps "cuda", not this rank's "cuda:K": a resume may use other ranks
+    if distributed:
+        cfg = cfg.replace(device=local_device(cfg.device))
+    ckpt = load_checkpoint(run_dir) if resume and main else None
+    if not resume and main:
         if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
             raise InputError(f"{run_dir} already holds a run: resume it with --resume {run_dir}, "
                              "or pass a new --out directory")
     seed_everything(cfg.seed)
 
-    start_dir = prepare_model_dir(cfg, log)
+    start_dir = prepare_model_dir(cfg, log) if main else None
+    if distributed:  # the warm-up is cached: the other ranks find rank 0's
+        torch.distributed.barrier()
+        start_dir = start_dir or prepare_model_dir(cfg, lambda *_: None)
+        ckpt = broadcast(ckpt)
+    assert start_dir is not None
     model, tok = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
-    # written once the model loads: a config that fails before it leaves no run directory behind
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    if main:  # written once the model loads: a config that fails before it leaves no run directory behind
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(saved.to_dict(), indent=2, sort_keys=True) + "\n")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     start_step, extra = 0, {}
@@ -279,15 +333,27 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
             scheduler.load_state_dict(ckpt.scheduler)
         set_rng_state(ckpt.rng)
         start_step, extra = ckpt.step, dict(ckpt.extra)
-        truncate_metrics(run_dir, start_step)
-        log(f"resuming {run_dir} after step {start_step}")
+        if main:
+            truncate_metrics(run_dir, start_step)
+            log(f"resuming {run_dir} after step {start_step}")
 
     ref_model = None
     if cfg.kl_coef > 0:  # the starting policy, frozen (also on resume: it is the warmed model)
         ref_model, _ = load_model(str(start_dir), device=cfg.device, dtype=cfg.dtype)
         ref_model.eval().requires_grad_(False)
-    engine = make_rollout_engine(cfg, start_dir, model, tok, run_dir)
-    if cfg.engine != "hf":
+    dp = DataParallel(model) if distributed else None
+    if dp is not None and not dp.is_main:
+        for step in range(start_step + 1, cfg.steps + 1):
+            _update(cfg, step, model, optimizer, scheduler, None, ref_model, dp)
+        return None
+    if cfg.ray:  # gateways as Ray actors, each with its own engine (rowgrove.train.ray_rollouts)
+        from rowgrove.train.ray_rollouts import RayRollouts
+
+        rollouts: Any = RayRollouts(cfg, start_dir, run_dir)
+        if ckpt is not None:
+            rollouts.sync(model.state_dict())
+    engine = None if cfg.ray else make_rollout_engine(cfg, start_dir, model, tok, run_dir)
+    if engine is not None and cfg.engine != "hf":
         engine.weights_version = int(extra.get("weights_version", 0))
         if ckpt is not None or start_dir.resolve() != _served_dir(cfg).resolve():
             # the servers serve the base folder; the policy starts from the warm-up or a checkpoint
@@ -298,12 +364,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
     def evaluate(tag: str) -> float | None:
         if not eval_tasks:
             return None
-        results = run_group_rollouts(gw.url, cfg, eval_tasks, 1, tag, _mix(cfg.seed, 77))
-        return float(np.mean([r.reward for r in results]))
+        results = rollouts.run(cfg, eval_tasks, 1, tag, _mix(cfg.seed, 77))
+        return float(np.nanmean([r.reward for r in results]))
 
     bar = None
-    with start_gateway(str(start_dir), engine=engine, ledger=run_dir / "ledger.sqlite") as gw:
-        ledger = Ledger(run_dir / "ledger.sqlite", readonly=True)
+    with (contextlib.closing(rollouts) if cfg.ray
+          else _local_rollouts(start_dir, engine, run_dir / "ledger.sqlite")) as rollouts:
         if start_step == 0 and "eval_before" not in extra:
             extra["eval_before"] = evaluate("eval-before")
             if extra["eval_before"] is not None:
@@ -320,7 +386,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
             if step > cfg.steps:
                 return None
             tasks = make_tasks(cfg.env, cfg.prompts_per_step, _mix(cfg.seed, step) % 2**31)
-            return pool.submit(run_group_rollouts, gw.url, cfg, tasks, cfg.rollouts_per_prompt, f"s{step}",
+            return pool.submit(rollouts.run, cfg, tasks, cfg.rollouts_per_prompt, f"s{step}",
                                _mix(cfg.seed, step, 1))
 
         pending = launch(start_step + 1)
@@ -330,34 +396,29 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
             # off-policy: the next step's rollouts are sampled while this step trains, and the
             # weight sync below lands while they run (their tokens carry the versions they got)
             pending = launch(step + 1) if cfg.off_policy_steps else None
-            rows, built = collect_rows(ledger, results)
+            rows, built = rollouts.rows(results)
             stale_rec = {}
             if cfg.max_staleness is not None:
                 # the version the engine holds now, before this step's update
-                rows, stale_rec = _mask_stale(rows, engine.weights_version, cfg.max_staleness)
+                rows, stale_rec = _mask_stale(rows, rollouts.weights_version, cfg.max_staleness)
             t1 = time.time()
             if seam is None:
                 rows = assign_advantages(rows, estimator=cfg.estimator, scale_by_std=cfg.scale_by_std)
                 weight_fn, seam_rec = None, {}
             else:
-                rows, weight_fn, seam_rec = seam(step=step, rows=rows, built=built, ledger=ledger, model=model,
-                                                 tokenizer=tok, cfg=cfg)
-            stats = update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode, weight_fn=weight_fn,
-                                  rollouts_per_minibatch=cfg.rollouts_per_minibatch,
-                                  microbatch_tokens=cfg.microbatch_tokens, clip_eps=cfg.clip_eps,
-                                  seed=_mix(cfg.seed, step, 2) % 2**31, packed=cfg.packed,
-                                  max_grad_norm=cfg.max_grad_norm, scheduler=scheduler,
-                                  ref_model=ref_model, kl_coef=cfg.kl_coef,
-                                  vision_inputs=row_vision_inputs(tok, ledger))
+                rows, weight_fn, seam_rec = seam(step=step, rows=rows, built=built, ledger=rollouts.ledger,
+                                                 model=model, tokenizer=tok, cfg=cfg)
+            vision = row_vision_inputs(tok, rollouts.ledger) if rollouts.ledger is not None else None
+            stats = _update(cfg, step, model, optimizer, scheduler, rows, ref_model, dp,
+                            weight_fn=weight_fn, vision_inputs=vision)
             model.eval()
-            engine.update_weights(model.state_dict())
-            extra["weights_version"] = int(engine.weights_version)
+            extra["weights_version"] = rollouts.sync(model.state_dict())
             if pending is None:
                 pending = launch(step + 1)
             t2 = time.time()
-            rewards = np.asarray([r.reward for r in results], np.float64)
+            rewards = np.asarray([r.reward for r in results], np.float64)  # NaN: masked on Ray (a lost gateway)
             rec = {
-                "step": step, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+                "step": step, "reward_mean": float(np.nanmean(rewards)), "reward_std": float(np.nanstd(rewards)),
                 "rows_per_rollout": len(rows) / len(results),
                 "roots_per_rollout": float(np.mean([b.metrics.get("roots", 0) for b in built])),
                 "rejected_calls": int(sum(b.metrics.get("rejected_calls", 0) for b in built)),
@@ -368,7 +429,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
                 "clip_fraction": stats["clip_fraction"], "approx_kl": stats["approx_kl"],
                 "entropy": stats["entropy"], "ref_kl": stats["ref_kl"], "updates": int(stats["updates"]),
                 "lr": float(scheduler.get_last_lr()[0]), "rollout_time": t1 - t0, "train_time": t2 - t1,
-                "step_time": t2 - t0, "weights_version": int(engine.weights_version), **stale_rec, **seam_rec,
+                "step_time": t2 - t0, "weights_version": int(rollouts.weights_version), **stale_rec, **seam_rec,
             }
             append_metrics(run_dir, rec)
             last_built = [(r, b) for r, b in zip(results, built, strict=True)]
@@ -382,9 +443,23 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
         if bar is not None:
             bar.close()
         extra["eval_after"] = evaluate("eval-after")
-        lineages = _lineages(ledger, last_built, tok)
-        ledger.close()
+        lineages = rollouts.lineages(last_built, tok)
     return _finish(run_dir, cfg, extra, lineages, time.time() - t_start, read_metrics(run_dir))
+
+
+def _update(cfg: TrainConfig, step: int, model: Any, optimizer: Any, scheduler: Any, rows: list[Row] | None,
+            ref_model: Any, dp: Any, *, weight_fn: Any = None, vision_inputs: Any = None) -> dict[str, float]:
+    """Step `step`'s policy update (every rank calls it together under data parallelism; only
+    rank 0 has the rows)."""
+    from rowgrove.train.update import update_policy
+
+    return update_policy(model, optimizer, rows, loss_mode=cfg.loss_mode,
+                         rollouts_per_minibatch=cfg.rollouts_per_minibatch,
+                         microbatch_tokens=cfg.microbatch_tokens, clip_eps=cfg.clip_eps,
+                         seed=_mix(cfg.seed, step, 2) % 2**31, packed=cfg.packed,
+                         max_grad_norm=cfg.max_grad_norm, scheduler=scheduler,
+                         ref_model=ref_model, kl_coef=cfg.kl_coef, dp=dp,
+                         weight_fn=weight_fn, vision_inputs=vision_inputs)
 
 
 def row_vision_inputs(tokenizer: Any, ledger: Any) -> Any:

@@ -19,6 +19,7 @@ benchmark's baseline); both give the same loss.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,8 @@ def register_varlen() -> None:
 
 
 def _use_attention(model: Any, name: str) -> None:
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module  # the attention setting lives on the wrapped model's config
     if model.config._attn_implementation != name:
         if name == VARLEN:
             register_varlen()
@@ -267,17 +270,23 @@ def ppo_clip_loss(model: Any, mb: MicroBatch, clip_eps: float, *, ref_model: Any
     return loss, stats
 
 
-def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[Row], *, loss_mode: str = "token-mean",
+def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[Row] | None, *, loss_mode: str = "token-mean",
                   rollouts_per_minibatch: int = 32, microbatch_tokens: int = 4096, clip_eps: float = 0.2,
                   seed: int = 0, packed: bool = True, max_grad_norm: float = 1.0,
                   scheduler: Any = None, ref_model: Any = None, kl_coef: float = 0.0,
-                  vision_inputs: Any = None, weight_fn: Any = None) -> dict[str, float]:
+                  vision_inputs: Any = None, weight_fn: Any = None, dp: Any = None) -> dict[str, float]:
     """Train `model` on rows that carry advantages: one optimizer step per mini-batch of whole
     rollouts (`rowgrove.algo.minibatches(rows, rollouts_per_minibatch, seed=seed)`), whatever the
     row count. Returns mean metrics over trained tokens: loss (sum over updates), clip_fraction,
     approx_kl, entropy, ref_kl, tokens_trained, updates. `ref_model`/`kl_coef`: see ppo_clip_loss.
     `vision_inputs(row)`: a vision model's pixel inputs for a row with images (`row_microbatches`).
-    `weight_fn(minibatch_rows, loss_mode)` replaces `loss_weights` (a benchmark's defect; None: rowgrove's)."""
+    `weight_fn(minibatch_rows, loss_mode)` replaces `loss_weights` (a benchmark's defect; None: rowgrove's).
+
+    `dp` (a `rowgrove.train.parallel.DataParallel`, every rank calls this together): rank 0 passes
+    the step's rows, the others None; each mini-batch's rows are dealt to the ranks, the divisors
+    are all-reduced (`loss_weights(..., counts=)`) and so are the gradients (summed), so the
+    update equals the one-process update on all the rows. Metrics are summed over the ranks."""
+    rows = list(rows or [])
     missing = [r.rollout_id for r in rows if r.valid and r.advantage is None]
     if missing:
         raise InputError(f"{len(missing)} valid rows have no advantage ({name_some(missing)}): "
@@ -286,25 +295,39 @@ def update_policy(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[R
     model.train()
     totals = {"tokens": 0.0, "clipped": 0.0, "kl": 0.0, "entropy": 0.0, "ref_kl": 0.0}
     loss_total = 0.0
-    mbs = minibatches(rows, rollouts_per_minibatch, seed=seed)
-    for mb_rows in mbs:
-        weights = (weight_fn or loss_weights)(mb_rows, loss_mode)
+    net = model if dp is None else dp.ddp
+    if dp is None:
+        mbs = [(mb, None) for mb in minibatches(rows, rollouts_per_minibatch, seed=seed)]
+    else:
+        mbs = [(s.rows, dp.global_counts(s)) for s in dp.scatter_minibatches(rows if dp.is_main else None,
+                                                                              rollouts_per_minibatch, seed)]
+    for mb_rows, counts in mbs:
+        weights = loss_weights(mb_rows, loss_mode, counts=counts) if weight_fn is None else weight_fn(mb_rows, loss_mode)
         optimizer.zero_grad(set_to_none=True)
+        accumulate = contextlib.ExitStack()  # data parallel: backward passes only accumulate locally
+        if dp is not None:
+            accumulate.enter_context(dp.accumulate())
         micros = (row_microbatches(mb_rows, weights, vision_inputs, device=device) if vision_inputs is not None
                   else build_microbatches(mb_rows, weights, capacity=microbatch_tokens, packed=packed, device=device))
         for micro in micros:
             if not bool(micro.trained.any()):
                 continue
-            loss, stats = ppo_clip_loss(model, micro, clip_eps, ref_model=ref_model, kl_coef=kl_coef)
+            loss, stats = ppo_clip_loss(net, micro, clip_eps, ref_model=ref_model, kl_coef=kl_coef)
             loss.backward()
             loss_total += float(loss.detach())
             for k in totals:
                 totals[k] += stats[k]
+        accumulate.close()
+        if dp is not None:
+            dp.sync_gradients()  # then all ranks' gradients are summed
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
+    if dp is not None:
+        totals = dp.sum_stats({**totals, "loss": loss_total})
+        loss_total = totals.pop("loss")
     n = max(totals["tokens"], 1.0)
     return {"loss": loss_total, "clip_fraction": totals["clipped"] / n, "approx_kl": totals["kl"] / n,
             "entropy": totals["entropy"] / n, "ref_kl": totals["ref_kl"] / n, "tokens_trained": totals["tokens"], "updates": float(len(mbs))}
