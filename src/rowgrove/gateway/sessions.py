@@ -153,7 +153,8 @@ class RolloutSession:
 
     `index` is built lazily from the ledger (so a restarted server continues where it stopped);
     `inflight` maps the request key of each call still generating to a future of its response,
-    for SDK retries that arrive before the original finished.
+    for SDK retries that arrive before the original finished. `responses` keeps, per Responses
+    API response id, the conversation that response ends (`gateway.responses_api`).
     """
 
     rollout_id: str
@@ -162,6 +163,8 @@ class RolloutSession:
     finished: bool
     index: RolloutIndex | None = None
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
+    # Responses API: response id -> the conversation it ends (what previous_response_id continues)
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def choose_parsers(chat_template: str, settings: GatewaySettings) -> tuple[str | None, str | None]:
@@ -575,6 +578,7 @@ class Gateway:
         ro = self.ledger.finish_rollout(session.rollout_id, record, float(reward), valid)
         session.finished = True
         session.index = None
+        session.responses.clear()
         return {"rollout_id": ro.id, "group_id": ro.group_id, "status": ro.status,
                 "reward": ro.reward, "valid": ro.valid}
 
