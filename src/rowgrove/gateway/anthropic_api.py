@@ -346,5 +346,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 
 def error_body(status: int, message: str) -> dict[str, Any]:
     """Anthropic's error shape for an HTTP status: `{"type": "error", "error": {"type", "message"}}`
-    (types from `anthropic.types.shared`; `api_error` for any other 5xx)."""
-    return {"type": "error", "error": {"type": _TYPES.get(status, "api_error"), "message": message}}
+    (types from `anthropic.types.shared`; `invalid_request_error` for any other 4xx, `api_error`
+    for any other 5xx)."""
+    kind = _TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
