@@ -31,57 +31,68 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import Field
+from pydantic import Field, TypeAdapter, ValidationError, with_config
+from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.errors import BadRequest
 from rowgrove.gateway.openai_format import ChatRequest, parse_chat_request
-from rowgrove.gateway.validation import Strict, checked
+from rowgrove.gateway.validation import STRICT_DICT, Strict, bad_request, checked, checked_items
 
 # -- the request, as pydantic models -------------------------------------------------------------
+# Messages and their blocks are TypedDicts (validated in pydantic-core into plain dicts, once per
+# message per rollout: `validation.checked_items`); the top level is a model.
 
 
-class TextBlock(Strict):
+@with_config(STRICT_DICT)
+class TextBlock(TypedDict):
     type: Literal["text"]
     text: str
 
 
-class Base64Source(Strict):
+@with_config(STRICT_DICT)
+class Base64Source(TypedDict):
     type: Literal["base64"]
     media_type: str
     data: str
 
 
-class UrlSource(Strict):
+@with_config(STRICT_DICT)
+class UrlSource(TypedDict):
     type: Literal["url"]
-    url: str = Field(min_length=1)
+    url: Annotated[str, Field(min_length=1)]
 
 
-class ImageBlock(Strict):
+@with_config(STRICT_DICT)
+class ImageBlock(TypedDict):
     type: Literal["image"]
     source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
 
 
-class ToolUseBlock(Strict):
+@with_config(STRICT_DICT)
+class ToolUseBlock(TypedDict):
     type: Literal["tool_use"]
-    id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    id: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1)]
     input: dict[str, Any]
 
 
-class ToolResultBlock(Strict):
+@with_config(STRICT_DICT)
+class ToolResultBlock(TypedDict):
     type: Literal["tool_result"]
-    tool_use_id: str = Field(min_length=1)
-    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = ""
-    is_error: bool | None = None
+    tool_use_id: Annotated[str, Field(min_length=1)]
+    content: NotRequired[str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]]]
+    is_error: NotRequired[bool | None]
 
 
-class ThinkingBlock(Strict):
+@with_config(STRICT_DICT)
+class ThinkingBlock(TypedDict):
     type: Literal["thinking"]
     thinking: str
-    signature: str | None = None
+    signature: NotRequired[str | None]
 
 
-class RedactedThinkingBlock(Strict):
+@with_config(STRICT_DICT)
+class RedactedThinkingBlock(TypedDict):
     type: Literal["redacted_thinking"]
     data: str
 
@@ -90,9 +101,13 @@ Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | Thin
                   Field(discriminator="type")]
 
 
-class MessageParam(Strict):
+@with_config(STRICT_DICT)
+class MessageParam(TypedDict):
     role: Literal["user", "assistant"]
     content: str | list[Block]
+
+
+MESSAGE = TypeAdapter(MessageParam)
 
 
 class ToolParam(Strict):
@@ -114,7 +129,7 @@ class MessagesRequest(Strict):
 
     model: str
     max_tokens: int = Field(ge=1)
-    messages: list[MessageParam] = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)          # checked one by one against `MessageParam`
     system: str | list[TextBlock] | None = None
     stop_sequences: list[str] | None = None
     stream: bool | None = None
@@ -130,11 +145,11 @@ class MessagesRequest(Strict):
 # -- messages -> chat messages ----------------------------------------------------------------------
 
 
-def _part(block: TextBlock | ImageBlock) -> dict[str, Any]:
-    if isinstance(block, TextBlock):
-        return {"type": "text", "text": block.text}
-    src = block.source
-    url = f"data:{src.media_type};base64,{src.data}" if isinstance(src, Base64Source) else src.url
+def _part(block: Mapping[str, Any]) -> dict[str, Any]:
+    if block["type"] == "text":
+        return {"type": "text", "text": block["text"]}
+    src = block["source"]
+    url = f"data:{src['media_type']};base64,{src['data']}" if src["type"] == "base64" else src["url"]
     return {"type": "image_url", "image_url": {"url": url}}
 
 
@@ -144,7 +159,7 @@ def _content(parts: Sequence[dict[str, Any]]) -> Any:
     return list(parts)
 
 
-def messages_to_chat(system: str | Sequence[TextBlock] | None, messages: Sequence[MessageParam], *,
+def messages_to_chat(system: Any, messages: Sequence[Mapping[str, Any]], *,
                      where: str = "messages") -> list[dict[str, Any]]:
     """Chat messages for a checked Messages API conversation (see the module docstring).
     BadRequest (param `where`) for blocks in the wrong role and for a tool_result that answers no
@@ -157,61 +172,66 @@ def messages_to_chat(system: str | Sequence[TextBlock] | None, messages: Sequenc
         out.append({"role": "system", "content": _content([_part(b) for b in system])})
     known: set[str] = set()
     for i, m in enumerate(messages):
-        if isinstance(m.content, str):
-            if m.role == "assistant":
-                out.append({"role": "assistant", "content": m.content})
-            else:
-                out.append({"role": "user", "content": m.content})
+        content = m["content"]
+        if isinstance(content, str):
+            out.append({"role": m["role"], "content": content})
             continue
-        if m.role == "assistant":
-            out.append(_assistant(m.content, i, where))
+        if m["role"] == "assistant":
+            out.append(_assistant(content, i, where))
             known.update(tc["id"] for tc in out[-1].get("tool_calls") or ())
             continue
+        if not content:
+            raise BadRequest(f"{where}[{i}].content: a user message needs at least one block", param=where)
         run: list[dict[str, Any]] = []
-        for k, b in enumerate(m.content):
-            if isinstance(b, TextBlock | ImageBlock):
+        for k, b in enumerate(content):
+            kind = b["type"]
+            if kind in ("text", "image"):
                 run.append(_part(b))
                 continue
-            if not isinstance(b, ToolResultBlock):
-                raise BadRequest(f"{where}[{i}].content[{k}]: a {b.type} block belongs in an assistant message",
+            if kind != "tool_result":
+                raise BadRequest(f"{where}[{i}].content[{k}]: a {kind} block belongs in an assistant message",
                                  param=where)
-            if b.tool_use_id not in known:
-                raise BadRequest(f"{where}[{i}].content[{k}]: tool_result tool_use_id {b.tool_use_id!r} answers no "
-                                 "earlier tool_use block: send the id of the tool_use it answers", param=where)
+            if b["tool_use_id"] not in known:
+                raise BadRequest(f"{where}[{i}].content[{k}]: tool_result tool_use_id {b['tool_use_id']!r} answers "
+                                 "no earlier tool_use block: send the id of the tool_use it answers", param=where)
             if run:
                 out.append({"role": "user", "content": _content(run)})
                 run = []
-            result = b.content if isinstance(b.content, str) else _content([_part(p) for p in b.content])
-            out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": result})
+            result = b.get("content", "")
+            if not isinstance(result, str):
+                result = _content([_part(p) for p in result])
+            out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": result})
         if run:
             out.append({"role": "user", "content": _content(run)})
-        elif not m.content:
-            raise BadRequest(f"{where}[{i}].content: a user message needs at least one block", param=where)
     return out
 
 
-def _assistant(blocks: Sequence[Any], i: int, where: str) -> dict[str, Any]:
+def _assistant(blocks: Sequence[Mapping[str, Any]], i: int, where: str) -> dict[str, Any]:
     texts: list[dict[str, Any]] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
     for k, b in enumerate(blocks):
-        if isinstance(b, TextBlock):
+        kind = b["type"]
+        if kind == "text":
             texts.append(_part(b))
-        elif isinstance(b, ThinkingBlock):
-            thinking.append(b.thinking)
-        elif isinstance(b, RedactedThinkingBlock):
+        elif kind == "thinking":
+            thinking.append(b["thinking"])
+        elif kind == "redacted_thinking":
             continue  # encrypted elsewhere: nothing a template could render
-        elif isinstance(b, ToolUseBlock):
-            calls.append({"id": b.id, "type": "function",
-                          "function": {"name": b.name, "arguments": orjson.dumps(b.input).decode()}})
+        elif kind == "tool_use":
+            calls.append({"id": b["id"], "type": "function",
+                          "function": {"name": b["name"], "arguments": orjson.dumps(b["input"]).decode()}})
         else:
-            raise BadRequest(f"{where}[{i}].content[{k}]: a {b.type} block belongs in a user message", param=where)
+            raise BadRequest(f"{where}[{i}].content[{k}]: a {kind} block belongs in a user message", param=where)
     msg: dict[str, Any] = {"role": "assistant", "content": _content(texts) if texts else (None if calls else "")}
     if calls:
         msg["tool_calls"] = calls
     if thinking:
         msg["reasoning_content"] = "".join(thinking)
     return msg
+
+
+_SYSTEM = TypeAdapter(str | list[TextBlock] | None)
 
 
 def finish_messages(value: Any, where: str = "messages") -> list[dict[str, Any]]:
@@ -221,23 +241,20 @@ def finish_messages(value: Any, where: str = "messages") -> list[dict[str, Any]]
         raise BadRequest(f"'{where}' must be a list of Messages API messages", param=where)
     system = None
     if value and isinstance(value[0], Mapping) and value[0].get("role") == "system":
-        system, value = value[0].get("content"), value[1:]
-    try:
-        req = checked(_FinishConversation, {"messages": value, "system": system})
-    except BadRequest as e:  # name the finish body's field
-        raise BadRequest(str(e).replace("'messages", f"'{where}", 1), param=where, code=e.code) from None
-    return messages_to_chat(req.system, req.messages, where=where)
+        try:
+            system = _SYSTEM.validate_python(value[0].get("content"), strict=True)
+        except ValidationError as e:
+            raise bad_request(e, (where, 0, "content")) from None
+        value = value[1:]
+    return messages_to_chat(system, checked_items(MESSAGE, value, where), where=where)
 
 
-class _FinishConversation(Strict):
-    messages: list[MessageParam]
-    system: str | list[TextBlock] | None = None
-
-
-def parse_messages_request(body: Any, *, default_max_tokens: int) -> tuple[MessagesRequest, ChatRequest]:
-    """Check a decoded `messages.create` body and translate it; BadRequest names the field."""
+def parse_messages_request(body: Any, *, default_max_tokens: int,
+                           memo: dict[bytes, Any] | None = None) -> tuple[MessagesRequest, ChatRequest]:
+    """Check a decoded `messages.create` body and translate it; BadRequest names the field.
+    `memo`: the rollout's memo of checked messages (`validation.checked_items`)."""
     req = checked(MessagesRequest, body)
-    messages = messages_to_chat(req.system, req.messages)
+    messages = messages_to_chat(req.system, checked_items(MESSAGE, req.messages, "messages", memo, b"a"))
     tools = []
     for t in req.tools or ():
         fn: dict[str, Any] = {"name": t.name}

@@ -452,7 +452,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         gw.authorize_call(s, _bearer(request))
         body = await _read_json(request, gw)
         call = responses_api.parse_responses_request(
-            body, default_max_tokens=gw.settings.default_max_tokens,
+            body, default_max_tokens=gw.settings.default_max_tokens, memo=s.checked,
             previous=lambda rid: responses_api.resolve_previous(
                 s.responses, s.rollout_id, rid, lambda cid: gw.ledger.get_call(cid).rollout_id))
 
@@ -470,7 +470,8 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         s = gw.session(request.path_params["rollout_id"])
         gw.authorize_call(s, request.headers.get("x-api-key") or _bearer(request))
         body = await _read_json(request, gw)
-        req, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens)
+        req, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens,
+                                                         memo=s.checked)
 
         def answer(done: Completion) -> tuple[list[bytes], bool]:
             out = anthropic_api.message_body(done.body)

@@ -34,69 +34,79 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, TypeAdapter, with_config
+from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.errors import BadRequest, RowgroveError
 from rowgrove.gateway.openai_format import ChatRequest, parse_chat_request
-from rowgrove.gateway.validation import Strict, checked
+from rowgrove.gateway.validation import STRICT_DICT, Strict, checked, checked_items
 
 # -- the request, as pydantic models -------------------------------------------------------------
+# Input items are TypedDicts (validated in pydantic-core into plain dicts, once per item per
+# rollout: `validation.checked_items`); the top level is a model.
 
 
-class TextPart(Strict):
+@with_config(STRICT_DICT)
+class TextPart(TypedDict):
     type: Literal["input_text", "output_text", "text"]
     text: str
 
 
-class RefusalPart(Strict):
+@with_config(STRICT_DICT)
+class RefusalPart(TypedDict):
     type: Literal["refusal"]
     refusal: str
 
 
-class ImagePart(Strict):
+@with_config(STRICT_DICT)
+class ImagePart(TypedDict):
     type: Literal["input_image"]
-    image_url: str = Field(min_length=1)   # an https:// or data: URL (file ids are not served here)
-    detail: str | None = None
+    image_url: Annotated[str, Field(min_length=1)]   # an https:// or data: URL (file ids are not served here)
 
 
 Part = Annotated[TextPart | RefusalPart | ImagePart, Field(discriminator="type")]
 
 
-class MessageItem(Strict):
-    type: Literal["message"] = "message"
+@with_config(STRICT_DICT)
+class MessageItem(TypedDict):
+    type: NotRequired[Literal["message"]]
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[Part]
 
 
-class FunctionCallItem(Strict):
+@with_config(STRICT_DICT)
+class FunctionCallItem(TypedDict):
     type: Literal["function_call"]
-    call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    call_id: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1)]
     arguments: str
 
 
-class FunctionCallOutputItem(Strict):
+@with_config(STRICT_DICT)
+class FunctionCallOutputItem(TypedDict):
     type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1)
+    call_id: Annotated[str, Field(min_length=1)]
     output: str | list[Part]
 
 
-class ReasoningText(Strict):
+@with_config(STRICT_DICT)
+class ReasoningText(TypedDict):
     type: Literal["reasoning_text", "summary_text"]
     text: str
 
 
-class ReasoningItem(Strict):
+@with_config(STRICT_DICT)
+class ReasoningItem(TypedDict):
     type: Literal["reasoning"]
-    summary: list[ReasoningText] = []
-    content: list[ReasoningText] | None = None
+    summary: NotRequired[list[ReasoningText]]
+    content: NotRequired[list[ReasoningText] | None]
 
 
 def _item_kind(value: Any) -> str | None:
     if isinstance(value, Mapping):
         kind = value.get("type", "message")
         return kind if isinstance(kind, str) else None
-    return getattr(value, "type", None)
+    return None
 
 
 Item = Annotated[
@@ -108,6 +118,7 @@ Item = Annotated[
                   custom_error_message="an input item must be a message, function_call, function_call_output "
                                        "or reasoning item (other item types are not served here)"),
 ]
+ITEM = TypeAdapter(Item)
 
 
 class FunctionTool(Strict):
@@ -127,7 +138,7 @@ class ResponsesRequest(Strict):
     """A `responses.create` body: the fields that change what the model sees or how it samples.
     Others the SDK sends (include, text, reasoning, truncation, metadata, ...) are ignored."""
 
-    input: str | list[Item]
+    input: str | list[Any]                             # items: checked one by one against `Item`
     model: str = ""
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
@@ -148,29 +159,26 @@ class ResponsesRequest(Strict):
 # -- input items -> chat messages -----------------------------------------------------------------
 
 
-def _content(parts: str | Sequence[Part]) -> Any:
+def _content(parts: Any) -> Any:
     """A string stays a string; one text part becomes its string (as every template renders it);
     other lists become chat content parts."""
     if isinstance(parts, str):
         return parts
     out: list[dict[str, Any]] = []
     for p in parts:
-        if isinstance(p, TextPart):
-            out.append({"type": "text", "text": p.text})
-        elif isinstance(p, RefusalPart):
-            out.append({"type": "text", "text": p.refusal})
+        kind = p["type"]
+        if kind == "refusal":
+            out.append({"type": "text", "text": p["refusal"]})
+        elif kind == "input_image":
+            out.append({"type": "input_image", "image_url": {"url": p["image_url"]}})
         else:
-            out.append({"type": "input_image", "image_url": {"url": p.image_url}})
+            out.append({"type": "text", "text": p["text"]})
     if len(out) == 1 and out[0]["type"] == "text":
         return out[0]["text"]
     return out
 
 
-def _item_dump(item: Any) -> dict[str, Any]:
-    return item.model_dump() if hasattr(item, "model_dump") else dict(item)
-
-
-def items_to_messages(items: Sequence[Any], *, where: str = "input",
+def items_to_messages(items: Sequence[Mapping[str, Any]], *, where: str = "input",
                       prior: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """Chat messages for checked Responses input items (see the module docstring). `prior` is the
     conversation they continue (previous_response_id), consulted for the call ids that
@@ -190,29 +198,30 @@ def items_to_messages(items: Sequence[Any], *, where: str = "input",
         return turn
 
     for i, item in enumerate(items):
-        if isinstance(item, ReasoningItem):
-            texts = [t.text for t in (item.content or ())]
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            texts = [t["text"] for t in item.get("content") or ()]
             t = assistant(1)
             if texts:
                 t["reasoning_content"] = "".join(texts)
-        elif isinstance(item, FunctionCallItem):
+        elif kind == "function_call":
             t = assistant(3)
-            t.setdefault("tool_calls", []).append(
-                {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}})
-            known.add(item.call_id)
-        elif isinstance(item, MessageItem) and item.role == "assistant":
+            t.setdefault("tool_calls", []).append({"id": item["call_id"], "type": "function", "function": {
+                "name": item["name"], "arguments": item["arguments"]}})
+            known.add(item["call_id"])
+        elif kind == "message" and item["role"] == "assistant":
             t = assistant(2)
-            t["content"] = _content(item.content)
+            t["content"] = _content(item["content"])
         else:
             turn, stage = None, 0
-            if isinstance(item, FunctionCallOutputItem):
-                if item.call_id not in known:
-                    raise BadRequest(f"{where}[{i}]: function_call_output call_id {item.call_id!r} answers no earlier "
-                                     "function_call: send the call_id of the function_call item it answers",
+            if kind == "function_call_output":
+                if item["call_id"] not in known:
+                    raise BadRequest(f"{where}[{i}]: function_call_output call_id {item['call_id']!r} answers no "
+                                     "earlier function_call: send the call_id of the function_call item it answers",
                                      param=where)
-                out.append({"role": "tool", "tool_call_id": item.call_id, "content": _content(item.output)})
+                out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _content(item["output"])})
             else:
-                out.append({"role": item.role, "content": _content(item.content)})
+                out.append({"role": item["role"], "content": _content(item["content"])})
     for m in out:
         if m["role"] == "assistant" and m["content"] is None and not m.get("tool_calls"):
             m["content"] = ""
@@ -224,11 +233,7 @@ def finish_messages(value: Any, where: str = "messages") -> list[dict[str, Any]]
     every response's output items, in order) as chat messages."""
     if not isinstance(value, list):
         raise BadRequest(f"'{where}' must be a list of Responses input items", param=where)
-    try:
-        req = checked(ResponsesRequest, {"input": value})
-    except BadRequest as e:  # name the finish body's field, not the request's
-        raise BadRequest(str(e).replace("'input", f"'{where}", 1), param=where, code=e.code) from None
-    return items_to_messages(req.input if isinstance(req.input, list) else [], where=where)
+    return items_to_messages(checked_items(ITEM, value, where), where=where)
 
 
 def chat_tool(tool: FunctionTool) -> dict[str, Any]:
@@ -257,18 +262,20 @@ class ResponsesCall:
 LOGPROBS = "message.output_text.logprobs"
 
 
-def parse_responses_request(body: Any, *, default_max_tokens: int,
-                            previous: Any = None) -> ResponsesCall:
+def parse_responses_request(body: Any, *, default_max_tokens: int, previous: Any = None,
+                            memo: dict[bytes, Any] | None = None) -> ResponsesCall:
     """Check a decoded `responses.create` body and translate it; BadRequest names the field.
     `previous(response_id)` → the stored conversation of that response (BadRequest when there is
-    none in this rollout); called only when the body names one."""
+    none in this rollout); called only when the body names one. `memo`: the rollout's memo of
+    checked items (`validation.checked_items`)."""
     req = checked(ResponsesRequest, body)
+    items = ([{"role": "user", "content": req.input}] if isinstance(req.input, str)
+             else checked_items(ITEM, req.input, "input", memo, b"r"))
     prior: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         if previous is None:
             raise BadRequest("previous_response_id is not served here", param="previous_response_id")
         prior = list(previous(req.previous_response_id))
-    items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     conversation = prior + items_to_messages(items, prior=prior)
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
     if not messages:
@@ -286,7 +293,7 @@ def parse_responses_request(body: Any, *, default_max_tokens: int,
         "script": req.script, "chat_template_kwargs": req.chat_template_kwargs,
     }
     chat = parse_chat_request(chat_body, default_max_tokens=default_max_tokens)
-    return ResponsesCall(chat=chat, conversation=conversation, request=req, tools=[_item_dump(t) for t in req.tools or ()])
+    return ResponsesCall(chat=chat, conversation=conversation, request=req, tools=[t.model_dump(exclude_none=True) for t in req.tools or ()])
 
 
 def resolve_previous(stored: Mapping[str, list[dict[str, Any]]], rollout_id: str, response_id: str,
@@ -331,6 +338,9 @@ def _output(call_id: str, message: Mapping[str, Any], logprobs: Any, status: str
             part["logprobs"] = logprobs
         out.append({"id": f"msg_{call_id}", "type": "message", "role": "assistant", "status": status,
                     "content": [part]})
+    if not out and not message.get("tool_calls"):  # an empty reply is still a turn the next request re-sends
+        out.append({"id": f"msg_{call_id}", "type": "message", "role": "assistant", "status": status,
+                    "content": [{"type": "output_text", "text": "", "annotations": []}]})
     for k, tc in enumerate(message.get("tool_calls") or ()):
         fn = tc["function"]
         out.append({"id": f"fc_{call_id}_{k}", "type": "function_call", "call_id": tc["id"], "name": fn["name"],

@@ -165,6 +165,8 @@ class RolloutSession:
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
     # Responses API: response id -> the conversation it ends (what previous_response_id continues)
     responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Responses / Messages API: input items already checked, by their JSON (validation.checked_items)
+    checked: dict[bytes, Any] = field(default_factory=dict)
 
 
 def choose_parsers(chat_template: str, settings: GatewaySettings) -> tuple[str | None, str | None]:
@@ -579,6 +581,7 @@ class Gateway:
         session.finished = True
         session.index = None
         session.responses.clear()
+        session.checked.clear()
         return {"rollout_id": ro.id, "group_id": ro.group_id, "status": ro.status,
                 "reward": ro.reward, "valid": ro.valid}
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import reprlib
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+import orjson
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from rowgrove.errors import BadRequest
 
@@ -58,6 +59,29 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def bad_request(e: ValidationError, prefix: tuple[Any, ...] = ()) -> BadRequest:
+    """The gateway's BadRequest for a pydantic error: the first wrong field by its JSON path (under
+    `prefix`, for an element validated on its own), what it got, and as `param` the top-level field.
+    A value that fits no branch of a union fails once per branch: up to three are said."""
+    errors = e.errors(include_url=False)
+    first = errors[0]
+    loc = prefix + tuple(first.get("loc", ()))
+    top = loc[0] if loc else None
+    # a branch whose container type did not fit is left out when another branch got deeper
+    mine = [(json_path(prefix + tuple(err.get("loc", ()))), err) for err in errors
+            if (prefix + tuple(err.get("loc", ())))[:1] == loc[:1]]
+    said: list[str] = []
+    for path, err in mine:
+        if str(err.get("type", "")).endswith("_type") and any(p != path and p.startswith(path) for p, _ in mine):
+            continue
+        got = "" if err.get("type") == "missing" else f" (got {_short(err.get('input'))})"
+        text = f"'{path}': {err.get('msg', 'invalid')}{got}"
+        if text not in said and len(said) < 3:
+            said.append(text)
+    code = "missing_required_parameter" if first.get("type") == "missing" else "invalid_value"
+    return BadRequest("; or ".join(said), param=str(top) if top is not None else None, code=code)
+
+
 def checked(model: type[M], body: Any) -> M:
     """`model` validated from the decoded JSON `body`; BadRequest (400) naming the first wrong field
     and what it got. Never raises anything else for any JSON value."""
@@ -66,22 +90,32 @@ def checked(model: type[M], body: Any) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        errors = e.errors(include_url=False)
-        first = errors[0]
-        loc = tuple(first.get("loc", ()))
-        top = loc[0] if loc else None
-        # a value that fits no branch of a union fails once per branch: say what each wanted
-        # (a branch whose container type did not fit is left out when another branch got deeper)
-        mine = [(json_path(tuple(err.get("loc", ()))), err) for err in errors
-                if tuple(err.get("loc", ()))[:1] == loc[:1]]
-        said: list[str] = []
-        for path, err in mine:
-            if str(err.get("type", "")).endswith("_type") and any(
-                    p != path and p.startswith(path) for p, _ in mine):
-                continue
-            got = "" if err.get("type") == "missing" else f" (got {_short(err.get('input'))})"
-            text = f"'{path}': {err.get('msg', 'invalid')}{got}"
-            if text not in said and len(said) < 3:
-                said.append(text)
-        code = "missing_required_parameter" if first.get("type") == "missing" else "invalid_value"
-        raise BadRequest("; or ".join(said), param=str(top) if top is not None else None, code=code) from None
+        raise bad_request(e) from None
+
+
+MEMO_MAX = 50_000  # validated elements remembered per rollout; beyond, new ones are checked every time
+
+
+def checked_items(adapter: TypeAdapter[Any], items: list[Any], where: str,
+                  memo: dict[bytes, Any] | None = None, tag: bytes = b"") -> list[Any]:
+    """Each element of `items` validated by `adapter` (TypedDicts: validated in pydantic-core,
+    returned as plain dicts). With `memo` (one per rollout), an element whose JSON (prefixed by
+    `tag`) this rollout already sent is not validated again: harnesses re-send the whole
+    conversation each call, so a call costs one `orjson.dumps` per element it repeats and a full
+    check only of what is new. The returned dicts may be shared across calls: never mutate them."""
+    out: list[Any] = []
+    for i, item in enumerate(items):
+        key = tag + orjson.dumps(item) if memo is not None else b""
+        hit = memo.get(key) if memo is not None else None
+        if hit is None:
+            try:
+                hit = adapter.validate_python(item)
+            except ValidationError as e:
+                raise bad_request(e, (where, i)) from None
+            if memo is not None and len(memo) < MEMO_MAX:
+                memo[key] = hit
+        out.append(hit)
+    return out
+
+
+STRICT_DICT = ConfigDict(strict=True, extra="ignore")  # the config of every request TypedDict
