@@ -391,6 +391,59 @@ def dialect_cost(before_src: str, concurrency: int, rollouts: int, turns: int, t
     return out
 
 
+def probe_parse(turns: int, number: int) -> dict[str, float]:
+    """`--probe-parse TURNS`, run in a child process over whichever source tree is on its path:
+    microseconds per call (best of 5 repeats) to check and translate a request of TURNS
+    user/assistant turns, for each dialect the tree has (the Responses and Messages ones with and
+    without the rollout's memo of checked items, warmed by the same request)."""
+    import timeit
+
+    from rowgrove.gateway.openai_format import parse_chat_request
+
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "task 0: count to three"}]
+    for t in range(turns):
+        messages += [{"role": "assistant", "content": "reply"}, {"role": "user", "content": f"observation {t}: ok"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat = dict(orjson.loads(_dialect_request("chat", messages)[1]), tools=tools)
+    cases: dict[str, Any] = {"chat": lambda: parse_chat_request(chat, default_max_tokens=16)}
+    try:
+        from rowgrove.gateway.anthropic_api import parse_messages_request
+        from rowgrove.gateway.responses_api import parse_responses_request
+    except ImportError:
+        pass
+    else:
+        resp = orjson.loads(_dialect_request("responses", messages)[1])
+        anth = orjson.loads(_dialect_request("anthropic", messages)[1])
+        memo_r: dict = {}
+        memo_a: dict = {}
+        cases["responses_cold"] = lambda: parse_responses_request(resp, default_max_tokens=16)
+        cases["responses_memo"] = lambda: parse_responses_request(resp, default_max_tokens=16, memo=memo_r)
+        cases["anthropic_cold"] = lambda: parse_messages_request(anth, default_max_tokens=16)
+        cases["anthropic_memo"] = lambda: parse_messages_request(anth, default_max_tokens=16, memo=memo_a)
+    out = {}
+    for name, fn in cases.items():
+        fn()
+        out[name] = round(min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6, 2)
+    return out
+
+
+def parse_cost(before_src: str, turns: tuple[int, ...], number: int) -> dict[str, Any]:
+    """Checking and translating one request, in-process (no HTTP, no ledger, no rendering), for the
+    tree before and this one, side by side: steadier than the HTTP figures on a shared machine."""
+    out: dict[str, Any] = {"unit": "microseconds per call, best of 5 repeats", "calls_per_repeat": number}
+    for n in turns:
+        row: dict[str, Any] = {}
+        for tree, path in (("before", before_src), ("after", str(Path(__file__).resolve().parents[1] / "src"))):
+            res = subprocess.run([sys.executable, __file__, "--probe-parse", str(n), str(number)], check=True,
+                                 capture_output=True, env=dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1"))
+            row[tree] = orjson.loads(res.stdout.splitlines()[-1])
+        row["chat_after_over_before"] = round(row["after"]["chat"] / row["before"]["chat"], 3)
+        for k in ("responses_memo", "anthropic_memo"):
+            row[f"{k}_over_chat_before"] = round(row["after"][k] / row["before"]["chat"], 3)
+        out[f"{n}_turns"] = row
+    return out
+
+
 def dialects_main(before_src: str, quick: bool) -> dict[str, Any]:
     """`--dialects-before SRC`: only the dialect figure (bench/results/gateway_dialects.json)."""
     src = str(Path(before_src).resolve())
@@ -403,10 +456,16 @@ def dialects_main(before_src: str, quick: bool) -> dict[str, Any]:
                         "load_avg_at_start": os.getloadavg()[0]},
             "engine": "null (fixed tokens, zero logprobs): the figures are the gateway's own cost",
             "before": "the gateway from the source tree given as --dialects-before",
+            "parse": parse_cost(src, (2, 30, 100), 200 if quick else 2000),
             "c64": dialect_cost(src, 64, 64 if quick else 128, 4 if quick else 16, tmp),
             "c1": dialect_cost(src, 1, 4 if quick else 16, 8 if quick else 32, tmp),
         }
     print(json.dumps(results, indent=1))
+    for n, row in results["parse"].items():
+        if n.endswith("_turns"):
+            print(f"parse+translate at {n}: chat before {row['before']['chat']} us, after {row['after']['chat']} us; "
+                  f"responses {row['after']['responses_memo']} us, anthropic {row['after']['anthropic_memo']} us "
+                  "(with the rollout's memo)")
     for c in ("c64", "c1"):
         r = results[c]
         print(f"{c}: server p50 ms  chat before {r['chat_before']['server']['p50_ms']:.3f}  "
@@ -426,7 +485,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="only the dialect figure: Chat on the gateway in source tree SRC against Chat, "
                         "Responses and Messages on this one")
     p.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "LEDGER"), help=argparse.SUPPRESS)
+    p.add_argument("--probe-parse", nargs=2, type=int, metavar=("TURNS", "NUMBER"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.probe_parse:
+        print(json.dumps(probe_parse(*args.probe_parse)))
+        return {}
     if args.serve:
         run_server(args.serve[0], int(args.serve[1]), args.serve[2])
         return {}

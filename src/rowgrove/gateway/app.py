@@ -395,10 +395,10 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def served(request: Request, s: RolloutSession, req: ChatRequest, body: Any,
-                     answer: Callable[[Completion], tuple[list[bytes], bool]]) -> Response:
+                     answer: Callable[[Completion], tuple[list[bytes], bool]], t0: float) -> Response:
         """Serve one call of any dialect: generate (watching for the client to leave: 499 then),
-        and send `answer(done)` → (chunks, is_stream) through DeliveredResponse."""
-        t0 = time.perf_counter()
+        and send `answer(done)` → (chunks, is_stream) through DeliveredResponse. `t0`: when the
+        route was entered (the latency metric and Server-Timing count from there)."""
         retry_count = request.headers.get("x-stainless-retry-count", "0")
         retry = retry_count.isdigit() and int(retry_count) > 0
         task = asyncio.ensure_future(gw.complete(s, req, key=request_key(body), retry=retry))
@@ -435,6 +435,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                                  on_lost=lost, stream=False)
 
     async def chat_completions(request: Request) -> Response:
+        t0 = time.perf_counter()
         s = gw.session(request.path_params["rollout_id"])
         gw.authorize_call(s, _bearer(request))
         body = await _read_json(request, gw)
@@ -445,9 +446,10 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                 return stream_events(done.body, include_usage=req.include_usage), True
             return [orjson.dumps(done.body)], False
 
-        return await served(request, s, req, body, answer)
+        return await served(request, s, req, body, answer, t0)
 
     async def responses(request: Request) -> Response:
+        t0 = time.perf_counter()
         s = gw.session(request.path_params["rollout_id"])
         gw.authorize_call(s, _bearer(request))
         body = await _read_json(request, gw)
@@ -464,9 +466,10 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                 return responses_api.response_events(out), True
             return [orjson.dumps(out)], False
 
-        return await served(request, s, call.chat, body, answer)
+        return await served(request, s, call.chat, body, answer, t0)
 
     async def messages(request: Request) -> Response:
+        t0 = time.perf_counter()
         s = gw.session(request.path_params["rollout_id"])
         gw.authorize_call(s, request.headers.get("x-api-key") or _bearer(request))
         body = await _read_json(request, gw)
@@ -479,7 +482,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                 return anthropic_api.message_events(out), True
             return [orjson.dumps(out)], False
 
-        return await served(request, s, chat, body, answer)
+        return await served(request, s, chat, body, answer, t0)
 
     async def weights(request: Request) -> Response:
         gw.authorize_control(_bearer(request), client(request))
