@@ -111,23 +111,55 @@ def test_anthropic_messages_translate_to_the_same_conversation(chat):
     _same(expected, anthropic_api.finish_messages([{"role": "system", "content": system}, *messages]))
 
 
-@settings(max_examples=150, deadline=None)
-@given(conversations())
-def test_checked_items_memo_changes_nothing(chat):
-    """A rollout's memo of checked items gives the translation the cold path gives, call after call."""
+def _edited(items: list[dict], k: int) -> list[dict]:
+    """`items` with item k changed as a compaction would change it (its text extended), or, where
+    it has no text, with a key added that changes its JSON but not its meaning."""
+    out = json.loads(json.dumps(items))
+    item = out[k]
+    for key in ("content", "output", "arguments", "text"):
+        if isinstance(item.get(key), str):
+            item[key] = item[key] + " (edited)"
+            return out
+    item["note"] = True
+    return out
+
+
+def _same_warm_and_cold(parse, requests: list) -> None:
+    """Each request parsed with the rollout's memo (its snapshot and checked items) gives what the
+    cold path gives, or the same refusal."""
     memo: dict = {}
-    instructions, items = as_responses_items(chat)
-    for n in range(1, len(items) + 1):
-        body = {"instructions": instructions, "input": items[:n]}
+    for body in requests:
         try:
-            cold = responses_api.parse_responses_request(body, default_max_tokens=8).chat.messages
-        except BadRequest as e:   # a prefix that cuts between a call and its output is refused alike
+            cold = parse(body, None)
+        except BadRequest as e:   # e.g. a prefix that cuts between a call and its output
             try:
-                responses_api.parse_responses_request(body, default_max_tokens=8, memo=memo)
+                parse(body, memo)
             except BadRequest as again:
                 assert str(again) == str(e)
+            else:
+                raise AssertionError("the memo accepted what the cold path refuses")
             continue
-        assert responses_api.parse_responses_request(body, default_max_tokens=8, memo=memo).chat.messages == cold
+        assert parse(body, memo) == cold
+
+
+@settings(max_examples=150, deadline=None)
+@given(conversations(), st.data())
+def test_the_rollouts_memo_changes_no_translation(chat, data):
+    """Growing requests (each repeating the last), then one with an earlier item edited and one cut
+    back: the memo and snapshot give the cold path's translation every time."""
+    instructions, items = as_responses_items(chat)
+    k = data.draw(st.integers(0, len(items) - 1))
+    grown = [items[:n] for n in range(1, len(items) + 1)]
+    _same_warm_and_cold(
+        lambda b, memo: responses_api.parse_responses_request(b, default_max_tokens=8, memo=memo).chat.messages,
+        [{"instructions": instructions, "input": x} for x in [*grown, _edited(items, k), items[:k + 1], items]])
+    system, messages = as_anthropic_messages(chat)
+    j = data.draw(st.integers(0, len(messages) - 1))
+    grown = [messages[:n] for n in range(1, len(messages) + 1)]
+    _same_warm_and_cold(
+        lambda b, memo: anthropic_api.parse_messages_request(b, default_max_tokens=8, memo=memo)[1].messages,
+        [{"model": "m", "max_tokens": 8, "system": system, "messages": x}
+         for x in [*grown, _edited(messages, j), messages[:j + 1], messages]])
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text,

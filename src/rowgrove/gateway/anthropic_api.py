@@ -36,7 +36,18 @@ from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.errors import BadRequest
 from rowgrove.gateway.openai_format import ChatRequest, parse_chat_request
-from rowgrove.gateway.validation import STRICT_DICT, Strict, bad_request, checked, checked_items
+from rowgrove.gateway.validation import (
+    STRICT_DICT,
+    Snapshot,
+    Strict,
+    bad_request,
+    checked,
+    checked_items,
+    extended_blob,
+    reuse,
+    snapshot_key,
+    tool_call_ids,
+)
 
 # -- the request, as pydantic models -------------------------------------------------------------
 # Messages and their blocks are TypedDicts (validated in pydantic-core into plain dicts, once per
@@ -159,19 +170,22 @@ def _content(parts: Sequence[dict[str, Any]]) -> Any:
     return list(parts)
 
 
-def messages_to_chat(system: Any, messages: Sequence[Mapping[str, Any]], *,
-                     where: str = "messages") -> list[dict[str, Any]]:
-    """Chat messages for a checked Messages API conversation (see the module docstring).
-    BadRequest (param `where`) for blocks in the wrong role and for a tool_result that answers no
-    earlier tool_use."""
-    out: list[dict[str, Any]] = []
+def system_message(system: Any) -> list[dict[str, Any]]:
+    """The chat system message for a checked `system` (none when it is absent or empty)."""
     if isinstance(system, str):
-        if system:
-            out.append({"role": "system", "content": system})
-    elif system:
-        out.append({"role": "system", "content": _content([_part(b) for b in system])})
-    known: set[str] = set()
-    for i, m in enumerate(messages):
+        return [{"role": "system", "content": system}] if system else []
+    return [{"role": "system", "content": _content([_part(b) for b in system])}] if system else []
+
+
+def messages_to_chat(system: Any, messages: Sequence[Mapping[str, Any]], *, where: str = "messages",
+                     known: Any = (), offset: int = 0) -> list[dict[str, Any]]:
+    """Chat messages for a checked Messages API conversation (see the module docstring); `known`:
+    the tool_use ids of the messages before these. BadRequest (param `where`, message index +
+    `offset`) for blocks in the wrong role and for a tool_result that answers no earlier tool_use."""
+    out = system_message(system)
+    known = set(known)
+    for i0, m in enumerate(messages):
+        i = offset + i0
         content = m["content"]
         if isinstance(content, str):
             out.append({"role": m["role"], "content": content})
@@ -249,12 +263,27 @@ def finish_messages(value: Any, where: str = "messages") -> list[dict[str, Any]]
     return messages_to_chat(system, checked_items(MESSAGE, value, where), where=where)
 
 
+def _translate(raw: list[Any], memo: dict[bytes, Any] | None) -> list[dict[str, Any]]:
+    """`messages` as chat messages, reusing the rollout's snapshot of its last request when this one
+    repeats it (`validation.Snapshot`; every message boundary is a clean cut), and leaving a
+    snapshot for the next."""
+    snap = reuse(memo, b"a", raw)
+    start, head, known = (snap.cut, snap.messages, snap.known) if snap is not None else (0, [], frozenset())
+    tail = messages_to_chat(None, checked_items(MESSAGE, raw[start:], "messages", memo, b"a", offset=start),
+                            known=known, offset=start)
+    conversation = head + tail
+    if memo is not None:
+        memo[snapshot_key(b"a")] = Snapshot(len(raw), extended_blob(snap, raw, len(raw)), conversation,
+                                            known | tool_call_ids(tail))
+    return conversation
+
+
 def parse_messages_request(body: Any, *, default_max_tokens: int,
                            memo: dict[bytes, Any] | None = None) -> tuple[MessagesRequest, ChatRequest]:
     """Check a decoded `messages.create` body and translate it; BadRequest names the field.
     `memo`: the rollout's memo of checked messages (`validation.checked_items`)."""
     req = checked(MessagesRequest, body)
-    messages = messages_to_chat(req.system, checked_items(MESSAGE, req.messages, "messages", memo, b"a"))
+    messages = system_message(req.system) + _translate(req.messages, memo)
     tools = []
     for t in req.tools or ():
         fn: dict[str, Any] = {"name": t.name}
@@ -335,7 +364,8 @@ def message_events(body: Mapping[str, Any]) -> list[bytes]:
         kind = block["type"]
         if kind == "text":
             events.append(_event("content_block_start", {"index": i, "content_block": {"type": "text", "text": ""}}))
-            events.append(_event("content_block_delta", {"index": i, "delta": {"type": "text_delta", "text": block["text"]}}))
+            events.append(_event("content_block_delta", {"index": i, "delta": {
+                "type": "text_delta", "text": block["text"]}}))
         elif kind == "thinking":
             events.append(_event("content_block_start", {"index": i, "content_block": {
                 "type": "thinking", "thinking": "", "signature": ""}}))

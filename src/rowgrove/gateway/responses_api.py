@@ -39,7 +39,17 @@ from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.errors import BadRequest, RowgroveError
 from rowgrove.gateway.openai_format import ChatRequest, parse_chat_request
-from rowgrove.gateway.validation import STRICT_DICT, Strict, checked, checked_items
+from rowgrove.gateway.validation import (
+    STRICT_DICT,
+    Snapshot,
+    Strict,
+    checked,
+    checked_items,
+    extended_blob,
+    reuse,
+    snapshot_key,
+    tool_call_ids,
+)
 
 # -- the request, as pydantic models -------------------------------------------------------------
 # Input items are TypedDicts (validated in pydantic-core into plain dicts, once per item per
@@ -179,13 +189,16 @@ def _content(parts: Any) -> Any:
 
 
 def items_to_messages(items: Sequence[Mapping[str, Any]], *, where: str = "input",
-                      prior: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+                      prior: Sequence[Mapping[str, Any]] = (), known: Any = None, offset: int = 0,
+                      cut: list[int] | None = None) -> list[dict[str, Any]]:
     """Chat messages for checked Responses input items (see the module docstring). `prior` is the
     conversation they continue (previous_response_id), consulted for the call ids that
-    function_call_output items answer. BadRequest (param `where`) for an output that answers no
-    earlier function_call."""
+    function_call_output items answer (`known`, when given, are those ids). BadRequest (param `where`,
+    item index + `offset`) for an output that answers no earlier function_call. With `cut`, it is
+    set to [items, messages] at the last clean point (after the last item outside an assistant
+    turn)."""
     out: list[dict[str, Any]] = []
-    known = {tc["id"] for m in prior for tc in (m.get("tool_calls") or ())}
+    known = set(known) if known is not None else tool_call_ids(prior)
     turn: dict[str, Any] | None = None   # the assistant turn being assembled
     stage = 0                            # 0 nothing yet, 1 reasoning, 2 text, 3 calls
 
@@ -216,12 +229,14 @@ def items_to_messages(items: Sequence[Mapping[str, Any]], *, where: str = "input
             turn, stage = None, 0
             if kind == "function_call_output":
                 if item["call_id"] not in known:
-                    raise BadRequest(f"{where}[{i}]: function_call_output call_id {item['call_id']!r} answers no "
+                    raise BadRequest(f"{where}[{offset + i}]: function_call_output call_id {item['call_id']!r} answers no "
                                      "earlier function_call: send the call_id of the function_call item it answers",
                                      param=where)
                 out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _content(item["output"])})
             else:
                 out.append({"role": item["role"], "content": _content(item["content"])})
+            if cut is not None:
+                cut[:] = [i + 1, len(out)]
     for m in out:
         if m["role"] == "assistant" and m["content"] is None and not m.get("tool_calls"):
             m["content"] = ""
@@ -269,14 +284,17 @@ def parse_responses_request(body: Any, *, default_max_tokens: int, previous: Any
     none in this rollout); called only when the body names one. `memo`: the rollout's memo of
     checked items (`validation.checked_items`)."""
     req = checked(ResponsesRequest, body)
-    items = ([{"role": "user", "content": req.input}] if isinstance(req.input, str)
-             else checked_items(ITEM, req.input, "input", memo, b"r"))
-    prior: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         if previous is None:
             raise BadRequest("previous_response_id is not served here", param="previous_response_id")
         prior = list(previous(req.previous_response_id))
-    conversation = prior + items_to_messages(items, prior=prior)
+        items = ([{"role": "user", "content": req.input}] if isinstance(req.input, str)
+                 else checked_items(ITEM, req.input, "input", memo, b"r"))
+        conversation = prior + items_to_messages(items, prior=prior)
+    elif isinstance(req.input, str):
+        conversation = [{"role": "user", "content": req.input}]
+    else:
+        conversation = _translate(req.input, memo)
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
     if not messages:
         raise BadRequest("'input' is empty and no previous_response_id gives a conversation: send at least one "
@@ -293,7 +311,24 @@ def parse_responses_request(body: Any, *, default_max_tokens: int, previous: Any
         "script": req.script, "chat_template_kwargs": req.chat_template_kwargs,
     }
     chat = parse_chat_request(chat_body, default_max_tokens=default_max_tokens)
-    return ResponsesCall(chat=chat, conversation=conversation, request=req, tools=[t.model_dump(exclude_none=True) for t in req.tools or ()])
+    return ResponsesCall(chat=chat, conversation=conversation, request=req,
+                         tools=[t.model_dump(exclude_none=True) for t in req.tools or ()])
+
+
+def _translate(raw: list[Any], memo: dict[bytes, Any] | None) -> list[dict[str, Any]]:
+    """`input` items as chat messages, reusing the rollout's snapshot of its last request when
+    this one repeats it (`validation.Snapshot`), and leaving a snapshot for the next."""
+    snap = reuse(memo, b"r", raw)
+    start, head, known = (snap.cut, snap.messages, snap.known) if snap is not None else (0, [], frozenset())
+    cut = [0, 0]
+    tail = items_to_messages(checked_items(ITEM, raw[start:], "input", memo, b"r", offset=start),
+                             known=known, offset=start, cut=cut)
+    conversation = head + tail
+    if memo is not None:
+        items, msgs = start + cut[0], len(head) + cut[1]
+        memo[snapshot_key(b"r")] = Snapshot(items, extended_blob(snap, raw, items), conversation[:msgs],
+                                            known | tool_call_ids(tail[:cut[1]]))
+    return conversation
 
 
 def resolve_previous(stored: Mapping[str, list[dict[str, Any]]], rollout_id: str, response_id: str,

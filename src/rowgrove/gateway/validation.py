@@ -12,6 +12,7 @@ and, as `param`, the top-level field, so that each dialect's error shape can car
 from __future__ import annotations
 
 import reprlib
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -97,12 +98,13 @@ MEMO_MAX = 50_000  # validated elements remembered per rollout; beyond, new ones
 
 
 def checked_items(adapter: TypeAdapter[Any], items: list[Any], where: str,
-                  memo: dict[bytes, Any] | None = None, tag: bytes = b"") -> list[Any]:
+                  memo: dict[bytes, Any] | None = None, tag: bytes = b"", offset: int = 0) -> list[Any]:
     """Each element of `items` validated by `adapter` (TypedDicts: validated in pydantic-core,
     returned as plain dicts). With `memo` (one per rollout), an element whose JSON (prefixed by
     `tag`) this rollout already sent is not validated again: harnesses re-send the whole
     conversation each call, so a call costs one `orjson.dumps` per element it repeats and a full
-    check only of what is new. The returned dicts may be shared across calls: never mutate them."""
+    check only of what is new. The returned dicts may be shared across calls: never mutate them.
+    `offset`: the index of `items[0]` in the request (for error paths)."""
     out: list[Any] = []
     for i, item in enumerate(items):
         key = tag + orjson.dumps(item) if memo is not None else b""
@@ -111,7 +113,7 @@ def checked_items(adapter: TypeAdapter[Any], items: list[Any], where: str,
             try:
                 hit = adapter.validate_python(item)
             except ValidationError as e:
-                raise bad_request(e, (where, i)) from None
+                raise bad_request(e, (where, offset + i)) from None
             if memo is not None and len(memo) < MEMO_MAX:
                 memo[key] = hit
         out.append(hit)
@@ -119,3 +121,45 @@ def checked_items(adapter: TypeAdapter[Any], items: list[Any], where: str,
 
 
 STRICT_DICT = ConfigDict(strict=True, extra="ignore")  # the config of every request TypedDict
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A rollout's last request in a dialect, translated up to a clean cut (a point after which
+    translation starts afresh): the next request that repeats those items byte for byte reuses
+    their translation and translates only what follows, so a call that re-sends its history pays
+    one C-speed `orjson.dumps` of it rather than a Python pass over it. Kept in the rollout's memo
+    under a key no item's JSON can have (`snapshot_key`)."""
+
+    cut: int                           # items translated
+    blob: bytes                        # orjson.dumps(items[:cut])
+    messages: list[dict[str, Any]]     # their chat messages (shared: never mutate)
+    known: frozenset[str]              # the tool-call ids among those messages
+
+
+def snapshot_key(tag: bytes) -> bytes:
+    return tag + b"\x00snapshot"   # item keys are tag + a JSON object, which starts with "{"
+
+
+def reuse(memo: dict[bytes, Any] | None, tag: bytes, items: list[Any]) -> Snapshot | None:
+    """The rollout's snapshot when `items` starts with its items exactly, else None."""
+    snap = memo.get(snapshot_key(tag)) if memo is not None else None
+    if snap is None or snap.cut > len(items) or orjson.dumps(items[:snap.cut]) != snap.blob:
+        return None
+    return snap
+
+
+def extended_blob(snap: Snapshot | None, items: list[Any], upto: int) -> bytes:
+    """orjson.dumps(items[:upto]) for a request that repeats `snap`'s items: only the new part is
+    serialized (orjson writes a list as `[a,b]`, so two serialized lists join at the comma)."""
+    if snap is None:
+        return orjson.dumps(items[:upto])
+    more = orjson.dumps(items[snap.cut:upto])
+    if snap.blob == b"[]":
+        return more
+    return snap.blob if more == b"[]" else snap.blob[:-1] + b"," + more[1:]
+
+
+def tool_call_ids(messages: Any) -> set[str]:
+    """The ids of the assistant tool calls among chat `messages`."""
+    return {tc["id"] for m in messages for tc in (m.get("tool_calls") or ())}
