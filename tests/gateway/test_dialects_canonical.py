@@ -88,7 +88,7 @@ def _same(chat: list[dict], back: list[dict]) -> None:
         assert engine_messages(back, fmt) == engine_messages(chat, fmt)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(conversations())
 def test_responses_items_translate_to_the_same_conversation(chat):
     instructions, items = as_responses_items(chat)
@@ -100,7 +100,7 @@ def test_responses_items_translate_to_the_same_conversation(chat):
     _same(chat, responses_api.finish_messages([{"role": "system", "content": instructions}, *items]))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(conversations())
 def test_anthropic_messages_translate_to_the_same_conversation(chat):
     system, messages = as_anthropic_messages(chat)
@@ -142,7 +142,7 @@ def _same_warm_and_cold(parse, requests: list) -> None:
         assert parse(body, memo) == cold
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(conversations(), st.data())
 def test_the_rollouts_memo_changes_no_translation(chat, data):
     """Growing requests (each repeating the last), then one with an earlier item edited and one cut
@@ -183,14 +183,14 @@ def _never_crashes(parse, body) -> None:
         assert str(e)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.dictionaries(responses_keys, json_values | st.lists(item_like, max_size=3), max_size=5))
 def test_any_json_on_the_responses_route_is_a_request_or_a_bad_request(body):
     _never_crashes(lambda b: responses_api.parse_responses_request(
         b, default_max_tokens=8, previous=lambda rid: [],  memo={}), body)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.dictionaries(anthropic_keys, json_values, max_size=5))
 def test_any_json_on_the_messages_route_is_a_request_or_a_bad_request(body):
     _never_crashes(lambda b: anthropic_api.parse_messages_request(b, default_max_tokens=8, memo={}), body)
