@@ -5,7 +5,7 @@
 Pure functions over dicts and bytes, no I/O: the HTTP app (`rowgrove.gateway.app`) calls them.
 Every refusal is a `BadRequest` naming the field (`param`) and what to send instead, raised before
 anything touches the ledger. The body's top-level fields are checked by a pydantic model
-(`ChatCompletionRequest`), as vLLM's and SGLang's protocol modules check theirs.
+(`ChatCompletionRequest`, a TypedDict), as vLLM's and SGLang's protocol modules check theirs.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import Field
+from pydantic import Field, TypeAdapter, with_config
+from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.engines.base import SamplingParams
 from rowgrove.errors import BadRequest
-from rowgrove.gateway.validation import Strict, checked
+from rowgrove.gateway.validation import STRICT_DICT, checked_dict
 
 MAX_TOP_LOGPROBS = 20
 
@@ -117,44 +118,52 @@ def _too_deep(max_depth: int) -> BadRequest:
                       "flatter JSON, or start the server with a larger --max-json-depth", code="json_too_deep")
 
 
-class ChatFunction(Strict):
+@with_config(STRICT_DICT)
+class ChatFunction(TypedDict):
     name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
 
 
-class ChatTool(Strict):
-    type: Literal["function"] = "function"
+@with_config(STRICT_DICT)
+class ChatTool(TypedDict):
+    type: NotRequired[Literal["function"]]
     function: ChatFunction
 
 
-class StreamOptions(Strict):
-    include_usage: bool | None = None
+@with_config(STRICT_DICT)
+class StreamOptions(TypedDict):
+    include_usage: NotRequired[bool | None]
 
 
-class ChatCompletionRequest(Strict):
-    """A Chat Completions body: the top-level fields, their types and ranges. `messages` are
-    checked message by message by `decide.validate_messages`, once per message per rollout (so a
-    call's cost does not grow with the history already checked). Other keys the SDK may send
-    (user, metadata, penalties, ...) are ignored."""
+@with_config(STRICT_DICT)
+class ChatCompletionRequest(TypedDict):
+    """A Chat Completions body: the top-level fields, their types and ranges (a TypedDict, so
+    pydantic-core checks it without building a Python object). `messages` are checked message by
+    message by `decide.validate_messages`, once per message per rollout (so a call's cost does not
+    grow with the history already checked). Other keys the SDK may send (user, metadata,
+    penalties, ...) are ignored."""
 
-    messages: list[Any] = Field(min_length=1)
-    model: str | None = None
-    n: int | None = Field(default=None, ge=1)
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    tools: list[ChatTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    script: str | None = None                          # extra_body: the scripted engine's reply
-    chat_template_kwargs: dict[str, Any] | None = None  # extra_body: template variables
+    messages: Annotated[list[Any], Field(min_length=1)]
+    model: NotRequired[str | None]
+    n: NotRequired[Annotated[int | None, Field(ge=1)]]
+    stream: NotRequired[bool | None]
+    stream_options: NotRequired[StreamOptions | None]
+    tools: NotRequired[list[ChatTool] | None]
+    tool_choice: NotRequired[Literal["none", "auto", "required"] | dict[str, Any] | None]
+    logprobs: NotRequired[bool | None]
+    top_logprobs: NotRequired[Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)]]
+    temperature: NotRequired[Annotated[float | None, Field(ge=0.0, le=2.0)]]
+    top_p: NotRequired[Annotated[float | None, Field(gt=0.0, le=1.0)]]
+    max_completion_tokens: NotRequired[Annotated[int | None, Field(ge=1)]]
+    max_tokens: NotRequired[Annotated[int | None, Field(ge=1)]]
+    stop: NotRequired[str | list[str] | None]
+    seed: NotRequired[int | None]
+    script: NotRequired[str | None]                          # extra_body: the scripted engine's reply
+    chat_template_kwargs: NotRequired[dict[str, Any] | None]  # extra_body: template variables
+
+
+CHAT_REQUEST = TypeAdapter(ChatCompletionRequest)
 
 
 def parse_chat_request(body: Any, *, default_max_tokens: int = 256) -> ChatRequest:
@@ -165,34 +174,38 @@ def parse_chat_request(body: Any, *, default_max_tokens: int = 256) -> ChatReque
     top_logprobs, temperature, top_p, max_tokens / max_completion_tokens, stop (string or list),
     seed, n (only 1), and the extra_body keys `script` and `chat_template_kwargs`.
     """
-    req = checked(ChatCompletionRequest, body)
-    if req.n is not None and req.n != 1:
-        raise BadRequest(f"'n' must be 1 (got {req.n}): send {req.n} separate requests instead", param="n",
+    req = checked_dict(CHAT_REQUEST, body)
+    n = req.get("n")
+    if n is not None and n != 1:
+        raise BadRequest(f"'n' must be 1 (got {n}): send {n} separate requests instead", param="n",
                          code="unsupported_value")
-    logprobs = bool(req.logprobs)
-    top_logprobs = req.top_logprobs or 0
+    logprobs = bool(req.get("logprobs"))
+    top_logprobs = req.get("top_logprobs") or 0
     if top_logprobs and not logprobs:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs",
                          code="invalid_value")
-    max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
-    if isinstance(req.stop, str):
-        stop: tuple[str, ...] = (req.stop,) if req.stop else ()
+    max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or default_max_tokens
+    stop_raw = req.get("stop")
+    if isinstance(stop_raw, str):
+        stop: tuple[str, ...] = (stop_raw,) if stop_raw else ()
     else:
-        stop = tuple(s for s in req.stop or () if s)
+        stop = tuple(s for s in stop_raw or () if s)
+    temperature, top_p = req.get("temperature"), req.get("top_p")
     sampling = SamplingParams(
-        temperature=1.0 if req.temperature is None else float(req.temperature),
-        top_p=1.0 if req.top_p is None else float(req.top_p),
+        temperature=1.0 if temperature is None else float(temperature),
+        top_p=1.0 if top_p is None else float(top_p),
         max_tokens=int(max_tokens),
         stop=stop,
-        seed=req.seed,
+        seed=req.get("seed"),
         top_logprobs=top_logprobs if logprobs else 0,
     )
-    tools = body.get("tools") or None  # as sent: templates render a schema in the client's key order
+    opts = req.get("stream_options")
+    # messages and tools as sent: templates render a schema in the client's key order
     return ChatRequest(
-        messages=body["messages"], model=req.model or "", sampling=sampling, stream=bool(req.stream),
-        include_usage=bool(req.stream_options and req.stream_options.include_usage), logprobs=logprobs,
-        top_logprobs=top_logprobs, tools=tools, tool_choice=body.get("tool_choice"), script=req.script,
-        chat_template_kwargs=dict(req.chat_template_kwargs or {}),
+        messages=body["messages"], model=req.get("model") or "", sampling=sampling, stream=bool(req.get("stream")),
+        include_usage=bool(opts and opts.get("include_usage")), logprobs=logprobs,
+        top_logprobs=top_logprobs, tools=body.get("tools") or None, tool_choice=body.get("tool_choice"),
+        script=req.get("script"), chat_template_kwargs=dict(req.get("chat_template_kwargs") or {}),
     )
 
 

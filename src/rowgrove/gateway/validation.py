@@ -79,7 +79,9 @@ def bad_request(e: ValidationError, prefix: tuple[Any, ...] = ()) -> BadRequest:
         text = f"'{path}': {err.get('msg', 'invalid')}{got}"
         if text not in said and len(said) < 3:
             said.append(text)
-    code = "missing_required_parameter" if first.get("type") == "missing" else "invalid_value"
+    kind = str(first.get("type", ""))
+    code = ("missing_required_parameter" if kind == "missing"
+            else "invalid_type" if kind.endswith("_type") else "invalid_value")
     return BadRequest("; or ".join(said), param=str(top) if top is not None else None, code=code)
 
 
@@ -90,6 +92,17 @@ def checked(model: type[M], body: Any) -> M:
         raise BadRequest("the request body must be a JSON object", code="invalid_body")
     try:
         return model.model_validate(body)
+    except ValidationError as e:
+        raise bad_request(e) from None
+
+
+def checked_dict(adapter: TypeAdapter[Any], body: Any) -> Any:
+    """`body` validated by `adapter` (a TypedDict: pydantic-core returns a plain dict, without
+    building a model object); BadRequest as `checked`."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object", code="invalid_body")
+    try:
+        return adapter.validate_python(body)
     except ValidationError as e:
         raise bad_request(e) from None
 
