@@ -22,6 +22,11 @@ Figures (bench/results/gateway.json):
     per call. Goal ≤ 1.05.
 
     .venv/bin/python bench/bench_gateway.py [--quick]
+
+`--dialects-before SRC` measures only the cost of the request dialects instead
+(bench/results/gateway_dialects.json): the same conversation over Chat Completions on the gateway
+of an earlier source tree SRC and on this one, and over the Responses and Messages routes on this
+one, side by side in one run.
 """
 
 from __future__ import annotations
@@ -129,12 +134,12 @@ class Server:
     """A server in a child process of `script` (default this file): `script --serve KIND PORT
     ARGS...`, returned once its port accepts connections."""
 
-    def __init__(self, kind: str, *args: str, script: str = __file__):
+    def __init__(self, kind: str, *args: str, script: str = __file__, env: dict[str, str] | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, script, "--serve", kind, str(self.port), *args],
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})),
         )
         deadline = time.monotonic() + 120
         while True:
@@ -184,38 +189,65 @@ def _server_ms(headers: dict[str, str]) -> float:
     return float(headers["server-timing"].split("dur=")[1])
 
 
-async def conversation(port: int, turns: int, lat: list, srv: list, *, tag: int) -> None:
-    """One rollout: create it, then `turns` calls each extending the last (timed)."""
+SYSTEM = "You are a terse agent."
+
+
+def _dialect_request(dialect: str, messages: list[dict]) -> tuple[str, bytes]:
+    """(route under base_url, body) for one call of `messages` (system first, then user/assistant
+    text turns) in `dialect`: the same conversation each way."""
+    rest = messages[1:]
+    if dialect == "chat":
+        return "/chat/completions", orjson.dumps({"model": "m", "messages": messages, "max_tokens": 16})
+    if dialect == "responses":
+        items = [m if m["role"] == "user" else {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": m["content"], "annotations": []}]} for m in rest]
+        return "/responses", orjson.dumps({"model": "m", "instructions": SYSTEM, "input": items,
+                                           "max_output_tokens": 16})
+    if dialect == "anthropic":
+        return "/messages", orjson.dumps({"model": "m", "system": SYSTEM, "messages": rest, "max_tokens": 16})
+    raise ValueError(f"unknown dialect {dialect!r}")
+
+
+def _reply_text(dialect: str, data: bytes) -> str:
+    body = orjson.loads(data)
+    if dialect == "chat":
+        return body["choices"][0]["message"]["content"]
+    if dialect == "responses":
+        return body["output"][0]["content"][0]["text"]
+    return body["content"][0]["text"]
+
+
+async def conversation(port: int, turns: int, lat: list, srv: list, *, tag: int, dialect: str = "chat") -> None:
+    """One rollout: create it, then `turns` calls each extending the last (timed), in `dialect`."""
     conn = await Conn.open(port)
     try:
         status, _, data = await conn.post("/v1/rollouts", orjson.dumps({"group_id": f"g{tag}"}))
         assert status == 201, data
         ro = orjson.loads(data)
-        path = urlsplit(ro["base_url"]).path + "/chat/completions"
-        messages: list[dict] = [{"role": "system", "content": "You are a terse agent."},
+        base = urlsplit(ro["base_url"]).path
+        messages: list[dict] = [{"role": "system", "content": SYSTEM},
                                 {"role": "user", "content": f"task {tag}: count to three"}]
         for t in range(turns):
-            body = orjson.dumps({"model": "m", "messages": messages, "max_tokens": 16})
+            route, body = _dialect_request(dialect, messages)
             t0 = time.perf_counter()
-            status, headers, data = await conn.post(path, body, ro["api_key"])
+            status, headers, data = await conn.post(base + route, body, ro["api_key"])
             lat.append((t, (time.perf_counter() - t0) * 1000))
             assert status == 200, data
             srv.append((t, _server_ms(headers)))
-            msg = orjson.loads(data)["choices"][0]["message"]
-            messages = messages + [{"role": "assistant", "content": msg["content"]},
+            messages = messages + [{"role": "assistant", "content": _reply_text(dialect, data)},
                                    {"role": "user", "content": f"observation {t}: ok, next"}]
     finally:
         conn.close()
 
 
-async def drive(port: int, rollouts: int, concurrency: int, turns: int) -> dict[str, Any]:
+async def drive(port: int, rollouts: int, concurrency: int, turns: int, dialect: str = "chat") -> dict[str, Any]:
     lat: list = []
     srv: list = []
     sem = asyncio.Semaphore(concurrency)
 
     async def one(k: int) -> None:
         async with sem:
-            await conversation(port, turns, lat, srv, tag=k)
+            await conversation(port, turns, lat, srv, tag=k, dialect=dialect)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one(k) for k in range(rollouts)))
@@ -229,10 +261,10 @@ def _pcts(xs: list[float]) -> dict[str, float]:
             "mean_ms": round(float(a.mean()), 4)}
 
 
-def _run(kind: str, ledger: str, fn) -> Any:
+def _run(kind: str, ledger: str, fn, env: dict[str, str] | None = None) -> Any:
     import uvloop
 
-    server = Server(kind, ledger)
+    server = Server(kind, ledger, env=env)
     try:
         return uvloop.run(fn(server.port))
     finally:
@@ -330,14 +362,139 @@ def storage(turns: int, rollouts: int, tmp: str) -> dict[str, Any]:
             "full_prompt_over_unique": round(full / unique, 2)}
 
 
+DIALECT_RUNS = (("chat", "before"), ("chat", "after"), ("responses", "after"), ("anthropic", "after"))
+
+
+def dialect_cost(before_src: str, concurrency: int, rollouts: int, turns: int, tmp: str) -> dict[str, Any]:
+    """Per-call server-side cost of the same conversation: over Chat Completions on the gateway
+    built from `before_src` (a source tree from before the request models and dialects) and on
+    this one, and over the Responses and Messages routes on this one; side by side in one run,
+    ratios against Chat before."""
+    out: dict[str, Any] = {"concurrency": concurrency, "rollouts": rollouts, "turns_per_rollout": turns}
+    for dialect, tree in DIALECT_RUNS:
+        async def go(port: int) -> dict:
+            await drive(port, min(rollouts, concurrency), concurrency, 2, dialect)  # warm-up
+            return await drive(port, rollouts, concurrency, turns, dialect)
+
+        env = {"PYTHONPATH": before_src} if tree == "before" else None
+        res = _run("gateway", f"{tmp}/dialect-{dialect}-{tree}-{concurrency}.db", go, env=env)
+        out[f"{dialect}_{tree}"] = {"server": _pcts([ms for _, ms in res["srv"]]),
+                                    "end_to_end": _pcts([ms for _, ms in res["lat"]]),
+                                    "req_per_s": round(res["requests"] / res["wall_s"], 1)}
+    base = out["chat_before"]
+    for dialect, tree in DIALECT_RUNS[1:]:
+        x = out[f"{dialect}_{tree}"]
+        out[f"{dialect}_{tree}_over_chat_before"] = {
+            "server_p50": round(x["server"]["p50_ms"] / base["server"]["p50_ms"], 3),
+            "server_p99": round(x["server"]["p99_ms"] / base["server"]["p99_ms"], 3),
+            "req_per_s": round(x["req_per_s"] / base["req_per_s"], 3)}
+    return out
+
+
+def probe_parse(turns: int, number: int) -> dict[str, float]:
+    """`--probe-parse TURNS`, run in a child process over whichever source tree is on its path:
+    microseconds per call (best of 5 repeats) to check and translate a request of TURNS
+    user/assistant turns, for each dialect the tree has (the Responses and Messages ones with and
+    without the rollout's memo of checked items, warmed by the same request)."""
+    import timeit
+
+    from rowgrove.gateway.openai_format import parse_chat_request
+
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "task 0: count to three"}]
+    for t in range(turns):
+        messages += [{"role": "assistant", "content": "reply"}, {"role": "user", "content": f"observation {t}: ok"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat = dict(orjson.loads(_dialect_request("chat", messages)[1]), tools=tools)
+    cases: dict[str, Any] = {"chat": lambda: parse_chat_request(chat, default_max_tokens=16)}
+    try:
+        from rowgrove.gateway.anthropic_api import parse_messages_request
+        from rowgrove.gateway.responses_api import parse_responses_request
+    except ImportError:
+        pass
+    else:
+        resp = orjson.loads(_dialect_request("responses", messages)[1])
+        anth = orjson.loads(_dialect_request("anthropic", messages)[1])
+        memo_r: dict = {}
+        memo_a: dict = {}
+        cases["responses_cold"] = lambda: parse_responses_request(resp, default_max_tokens=16)
+        cases["responses_memo"] = lambda: parse_responses_request(resp, default_max_tokens=16, memo=memo_r)
+        cases["anthropic_cold"] = lambda: parse_messages_request(anth, default_max_tokens=16)
+        cases["anthropic_memo"] = lambda: parse_messages_request(anth, default_max_tokens=16, memo=memo_a)
+    out = {}
+    for name, fn in cases.items():
+        fn()
+        out[name] = round(min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6, 2)
+    return out
+
+
+def parse_cost(before_src: str, turns: tuple[int, ...], number: int) -> dict[str, Any]:
+    """Checking and translating one request, in-process (no HTTP, no ledger, no rendering), for the
+    tree before and this one, side by side: steadier than the HTTP figures on a shared machine."""
+    out: dict[str, Any] = {"unit": "microseconds per call, best of 5 repeats", "calls_per_repeat": number}
+    for n in turns:
+        row: dict[str, Any] = {}
+        for tree, path in (("before", before_src), ("after", str(Path(__file__).resolve().parents[1] / "src"))):
+            res = subprocess.run([sys.executable, __file__, "--probe-parse", str(n), str(number)], check=True,
+                                 capture_output=True, env=dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1"))
+            row[tree] = orjson.loads(res.stdout.splitlines()[-1])
+        row["chat_after_over_before"] = round(row["after"]["chat"] / row["before"]["chat"], 3)
+        for k in ("responses_memo", "anthropic_memo"):
+            row[f"{k}_over_chat_before"] = round(row["after"][k] / row["before"]["chat"], 3)
+        out[f"{n}_turns"] = row
+    return out
+
+
+def dialects_main(before_src: str, quick: bool) -> dict[str, Any]:
+    """`--dialects-before SRC`: only the dialect figure (bench/results/gateway_dialects.json)."""
+    src = str(Path(before_src).resolve())
+    if not (Path(src) / "rowgrove" / "gateway" / "app.py").is_file():
+        raise SystemExit(f"--dialects-before {before_src}: not a source tree with rowgrove/ in it "
+                         "(e.g. git archive <commit> src | tar -x -C /some/dir, then pass /some/dir/src)")
+    with tempfile.TemporaryDirectory(prefix="rowgrove-bench-dialects-") as tmp:
+        results = {
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                        "load_avg_at_start": os.getloadavg()[0]},
+            "engine": "null (fixed tokens, zero logprobs): the figures are the gateway's own cost",
+            "before": "the gateway from the source tree given as --dialects-before",
+            "parse": parse_cost(src, (2, 30, 100), 200 if quick else 2000),
+            "c64": dialect_cost(src, 64, 64 if quick else 128, 4 if quick else 16, tmp),
+            "c1": dialect_cost(src, 1, 4 if quick else 16, 8 if quick else 32, tmp),
+        }
+    print(json.dumps(results, indent=1))
+    for n, row in results["parse"].items():
+        if n.endswith("_turns"):
+            print(f"parse+translate at {n}: chat before {row['before']['chat']} us, after {row['after']['chat']} us; "
+                  f"responses {row['after']['responses_memo']} us, anthropic {row['after']['anthropic_memo']} us "
+                  "(with the rollout's memo)")
+    for c in ("c64", "c1"):
+        r = results[c]
+        print(f"{c}: server p50 ms  chat before {r['chat_before']['server']['p50_ms']:.3f}  "
+              + "  ".join(f"{d} {t} {r[f'{d}_{t}']['server']['p50_ms']:.3f}" for d, t in DIALECT_RUNS[1:]))
+    results["quick"] = quick
+    if not quick:
+        path = RESULTS.parent / "gateway_dialects.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    p.add_argument("--dialects-before", metavar="SRC",
+                   help="only the dialect figure: Chat on the gateway in source tree SRC against Chat, "
+                        "Responses and Messages on this one")
     p.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "LEDGER"), help=argparse.SUPPRESS)
+    p.add_argument("--probe-parse", nargs=2, type=int, metavar=("TURNS", "NUMBER"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.probe_parse:
+        print(json.dumps(probe_parse(*args.probe_parse)))
+        return {}
     if args.serve:
         run_server(args.serve[0], int(args.serve[1]), args.serve[2])
         return {}
+    if args.dialects_before:
+        return dialects_main(args.dialects_before, args.quick)
     q = args.quick
     with tempfile.TemporaryDirectory(prefix="rowgrove-bench-gw-") as tmp:
         results = {

@@ -4,6 +4,8 @@ control routes that create, finish and inspect rollouts.
 
     POST /v1/rollouts                                   create → {rollout_id, base_url, api_key}
     POST /rollouts/{rollout_id}/v1/chat/completions     OpenAI Chat Completions (stream or not)
+    POST /rollouts/{rollout_id}/v1/responses            OpenAI Responses API (gateway.responses_api)
+    POST /rollouts/{rollout_id}/v1/messages             Anthropic Messages API (gateway.anthropic_api)
     GET  /rollouts/{rollout_id}/v1/models               the served model (client.models.list())
     POST /v1/rollouts/{rollout_id}/finish               accepted conversation(s) + reward
     GET  /v1/rollouts/{rollout_id}                      lineage
@@ -15,7 +17,8 @@ control routes that create, finish and inspect rollouts.
     GET  /metrics                                       Prometheus metrics (rowgrove.gateway.metrics)
     GET  /health
 
-Errors leave in OpenAI's shape `{"error": {"message", "type", "param", "code"}}`; the mapping from
+Errors leave in OpenAI's shape `{"error": {"message", "type", "param", "code"}}` (Anthropic's
+`{"type": "error", "error": {"type", "message"}}` on the Messages route); the mapping from
 `rowgrove.errors` kinds to HTTP statuses lives in one place, `error_response`. Every 5xx is logged
 with its cause on the `rowgrove.gateway` logger.
 
@@ -56,10 +59,20 @@ from rowgrove.errors import (
     RowgroveError,
 )
 from rowgrove.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from rowgrove.gateway.openai_format import error_body, load_json, parse_chat_request, request_key, stream_events
+from rowgrove.gateway import anthropic_api, responses_api
+from rowgrove.gateway.canonical import canonical_finish
+from rowgrove.gateway.openai_format import (
+    ChatRequest,
+    error_body,
+    load_json,
+    parse_chat_request,
+    request_key,
+    stream_events,
+)
 from rowgrove.gateway.sessions import (
     BodyTimeout,
     BodyTooLarge,
+    Completion,
     Gateway,
     GatewaySettings,
     RolloutSession,
@@ -120,6 +133,16 @@ def error_response(exc: BaseException) -> Response:
         return json_response(error_body(f"internal error: {type(exc).__name__}: {_text(exc)}", type_=type_),
                              status)
     return json_response(error_body(_text(exc), type_=type_, param=param, code=code), status, headers)
+
+
+def anthropic_shaped(response: Response) -> Response:
+    """An OpenAI-shaped error response re-shaped as Anthropic's error (same status and headers)."""
+    try:
+        message = orjson.loads(response.body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = "error"
+    headers = {k: v for k, v in response.headers.items() if k in ("retry-after", "connection")}
+    return json_response(anthropic_api.error_body(response.status_code, message), response.status_code, headers or None)
 
 
 def _text(exc: BaseException) -> str:
@@ -276,15 +299,17 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
     gw = Gateway(engine, ledger, settings)
     metrics = gw.metrics
 
-    def guard(fn: Endpoint) -> Endpoint:
+    def guard(fn: Endpoint, *, anthropic: bool = False) -> Endpoint:
         async def endpoint(request: Request) -> Response:
             metrics.requests_in_progress.inc()
             try:
                 return await fn(request)
             except ClientGone:
                 return Response(status_code=499)  # nobody to answer: nothing is sent
-            except Exception as e:  # every refusal leaves as an OpenAI-shaped error
+            except Exception as e:  # every refusal leaves as an OpenAI-shaped error (Anthropic's on its route)
                 response = error_response(e)
+                if anthropic:
+                    response = anthropic_shaped(response)
                 metrics.rejected.labels(status=str(response.status_code)).inc()
                 if response.status_code >= 500:
                     log_failure(request, response.status_code, e)
@@ -339,7 +364,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
 
     async def finish(request: Request) -> Response:
         s = _control_session(request)
-        body = await _read_json(request, gw)
+        body = canonical_finish(await _read_json(request, gw))
         return json_response(gw.finish(s, body))
 
     async def lineage(request: Request) -> Response:
@@ -369,12 +394,11 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         gw.authorize_control(_bearer(request), client(request))
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
-    async def chat_completions(request: Request) -> Response:
-        t0 = time.perf_counter()
-        s = gw.session(request.path_params["rollout_id"])
-        gw.authorize_call(s, _bearer(request))
-        body = await _read_json(request, gw)
-        req = parse_chat_request(body, default_max_tokens=gw.settings.default_max_tokens)
+    async def served(request: Request, s: RolloutSession, req: ChatRequest, body: Any,
+                     answer: Callable[[Completion], tuple[list[bytes], bool]], t0: float) -> Response:
+        """Serve one call of any dialect: generate (watching for the client to leave: 499 then),
+        and send `answer(done)` → (chunks, is_stream) through DeliveredResponse. `t0`: when the
+        route was entered (the latency metric and Server-Timing count from there)."""
         retry_count = request.headers.get("x-stainless-retry-count", "0")
         retry = retry_count.isdigit() and int(retry_count) > 0
         task = asyncio.ensure_future(gw.complete(s, req, key=request_key(body), retry=retry))
@@ -402,13 +426,63 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
             if done.generated:  # a replayed answer was delivered (or not) with its original request
                 gw.undelivered(s, done.call_id, why)
 
-        if req.stream:
-            chunks = stream_events(done.body, include_usage=req.include_usage)
+        chunks, stream = answer(done)
+        if stream:
             headers["cache-control"] = "no-cache"
             return DeliveredResponse(chunks, media_type="text/event-stream", headers=headers,  # type: ignore[return-value]
                                      on_lost=lost, stream=True)
-        return DeliveredResponse([orjson.dumps(done.body)], media_type=JSON, headers=headers,  # type: ignore[return-value]
+        return DeliveredResponse(chunks, media_type=JSON, headers=headers,  # type: ignore[return-value]
                                  on_lost=lost, stream=False)
+
+    async def chat_completions(request: Request) -> Response:
+        t0 = time.perf_counter()
+        s = gw.session(request.path_params["rollout_id"])
+        gw.authorize_call(s, _bearer(request))
+        body = await _read_json(request, gw)
+        req = parse_chat_request(body, default_max_tokens=gw.settings.default_max_tokens)
+
+        def answer(done: Completion) -> tuple[list[bytes], bool]:
+            if req.stream:
+                return stream_events(done.body, include_usage=req.include_usage), True
+            return [orjson.dumps(done.body)], False
+
+        return await served(request, s, req, body, answer, t0)
+
+    async def responses(request: Request) -> Response:
+        t0 = time.perf_counter()
+        s = gw.session(request.path_params["rollout_id"])
+        gw.authorize_call(s, _bearer(request))
+        body = await _read_json(request, gw)
+        call = responses_api.parse_responses_request(
+            body, default_max_tokens=gw.settings.default_max_tokens, memo=s.checked,
+            previous=lambda rid: responses_api.resolve_previous(
+                s.responses, s.rollout_id, rid, lambda cid: gw.ledger.get_call(cid).rollout_id))
+
+        def answer(done: Completion) -> tuple[list[bytes], bool]:
+            out = responses_api.response_body(done.body, call)
+            if call.request.store is not False:
+                s.responses[out["id"]] = responses_api.stored_conversation(call, done.body)
+            if call.request.stream:
+                return responses_api.response_events(out), True
+            return [orjson.dumps(out)], False
+
+        return await served(request, s, call.chat, body, answer, t0)
+
+    async def messages(request: Request) -> Response:
+        t0 = time.perf_counter()
+        s = gw.session(request.path_params["rollout_id"])
+        gw.authorize_call(s, request.headers.get("x-api-key") or _bearer(request))
+        body = await _read_json(request, gw)
+        req, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens,
+                                                         memo=s.checked)
+
+        def answer(done: Completion) -> tuple[list[bytes], bool]:
+            out = anthropic_api.message_body(done.body)
+            if req.stream:
+                return anthropic_api.message_events(out), True
+            return [orjson.dumps(out)], False
+
+        return await served(request, s, chat, body, answer, t0)
 
     async def weights(request: Request) -> Response:
         gw.authorize_control(_bearer(request), client(request))
@@ -423,6 +497,9 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
         metrics.rejected.labels(status=str(status)).inc()
         type_ = "not_found_error" if status == 404 else "invalid_request_error"
+        if request.url.path.endswith("/v1/messages"):  # the Anthropic route answers in Anthropic's shape
+            return json_response(anthropic_api.error_body(status, f"{request.method} {request.url.path}: {detail}"),
+                                 status)
         return json_response(error_body(f"{request.method} {request.url.path}: {detail}",
                                         type_=type_, code=str(status)), status)
 
@@ -465,6 +542,8 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
             Route("/v1/chat/completions", guard(chat_without_rollout), methods=["POST"]),
             Route("/v1/rollouts", guard(create_rollout), methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/chat/completions", guard(chat_completions), methods=["POST"]),
+            Route("/rollouts/{rollout_id}/v1/responses", guard(responses), methods=["POST"]),
+            Route("/rollouts/{rollout_id}/v1/messages", guard(messages, anthropic=True), methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/models", guard(rollout_models), methods=["GET"]),
             Route("/v1/rollouts/{rollout_id}/finish", guard(finish), methods=["POST"]),
             Route("/v1/rollouts/{rollout_id}", guard(lineage), methods=["GET"]),

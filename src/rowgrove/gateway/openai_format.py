@@ -4,22 +4,25 @@
 
 Pure functions over dicts and bytes, no I/O: the HTTP app (`rowgrove.gateway.app`) calls them.
 Every refusal is a `BadRequest` naming the field (`param`) and what to send instead, raised before
-anything touches the ledger.
+anything touches the ledger. The body's top-level fields are checked by a pydantic model
+(`ChatCompletionRequest`, a TypedDict), as vLLM's and SGLang's protocol modules check theirs.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
+from pydantic import Field, TypeAdapter, with_config
+from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.engines.base import SamplingParams
 from rowgrove.errors import BadRequest
+from rowgrove.gateway.validation import STRICT_DICT, checked_dict
 
 MAX_TOP_LOGPROBS = 20
 
@@ -43,25 +46,6 @@ class ChatRequest:
     tool_choice: Any = None
     script: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-def _type_error(name: str, want: str, value: Any) -> BadRequest:
-    return BadRequest(
-        f"'{name}' must be {want}, got {type(value).__name__} {_short(value)}",
-        param=name,
-        code="invalid_type",
-    )
-
-
-_REPR = reprlib.Repr()  # attributes set one by one: Python 3.11's Repr takes no arguments
-_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 3, 3, 30, 30, 30
-
-
-def _short(value: Any) -> str:
-    """A short repr of a request value for an error message: bounded in depth and length, so a
-    deeply nested or huge value never costs (or crashes) the message."""
-    text = _REPR.repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # -- the body as JSON --------------------------------------------------------------------------
@@ -134,131 +118,94 @@ def _too_deep(max_depth: int) -> BadRequest:
                       "flatter JSON, or start the server with a larger --max-json-depth", code="json_too_deep")
 
 
-def _number(body: Mapping[str, Any], name: str, lo: float, hi: float, default: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _type_error(name, "a number", value)
-    if not lo <= value <= hi:
-        raise BadRequest(f"'{name}' must be between {lo} and {hi}, got {value}", param=name,
-                         code="invalid_value")
-    return float(value)
+@with_config(STRICT_DICT)
+class ChatFunction(TypedDict):
+    name: str
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
 
 
-def _int(body: Mapping[str, Any], name: str, lo: int, default: int | None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _type_error(name, "an integer", value)
-    if value < lo:
-        raise BadRequest(f"'{name}' must be at least {lo}, got {value}", param=name, code="invalid_value")
-    return value
+@with_config(STRICT_DICT)
+class ChatTool(TypedDict):
+    type: NotRequired[Literal["function"]]
+    function: ChatFunction
 
 
-def _bool(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise _type_error(name, "true or false", value)
-    return value
+@with_config(STRICT_DICT)
+class StreamOptions(TypedDict):
+    include_usage: NotRequired[bool | None]
+
+
+@with_config(STRICT_DICT)
+class ChatCompletionRequest(TypedDict):
+    """A Chat Completions body: the top-level fields, their types and ranges (a TypedDict, so
+    pydantic-core checks it without building a Python object). `messages` are checked message by
+    message by `decide.validate_messages`, once per message per rollout (so a call's cost does not
+    grow with the history already checked). Other keys the SDK may send (user, metadata,
+    penalties, ...) are ignored."""
+
+    messages: Annotated[list[Any], Field(min_length=1)]
+    model: NotRequired[str | None]
+    n: NotRequired[Annotated[int | None, Field(ge=1)]]
+    stream: NotRequired[bool | None]
+    stream_options: NotRequired[StreamOptions | None]
+    tools: NotRequired[list[ChatTool] | None]
+    tool_choice: NotRequired[Literal["none", "auto", "required"] | dict[str, Any] | None]
+    logprobs: NotRequired[bool | None]
+    top_logprobs: NotRequired[Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)]]
+    temperature: NotRequired[Annotated[float | None, Field(ge=0.0, le=2.0)]]
+    top_p: NotRequired[Annotated[float | None, Field(gt=0.0, le=1.0)]]
+    max_completion_tokens: NotRequired[Annotated[int | None, Field(ge=1)]]
+    max_tokens: NotRequired[Annotated[int | None, Field(ge=1)]]
+    stop: NotRequired[str | list[str] | None]
+    seed: NotRequired[int | None]
+    script: NotRequired[str | None]                          # extra_body: the scripted engine's reply
+    chat_template_kwargs: NotRequired[dict[str, Any] | None]  # extra_body: template variables
+
+
+CHAT_REQUEST = TypeAdapter(ChatCompletionRequest)
 
 
 def parse_chat_request(body: Any, *, default_max_tokens: int = 256) -> ChatRequest:
-    """Check a decoded request body and return it as a `ChatRequest`; `BadRequest` names the field.
+    """Check a decoded request body (`ChatCompletionRequest`, pydantic) and return it as a
+    `ChatRequest`; `BadRequest` names the field.
 
     Accepted: messages, model, stream, stream_options.include_usage, tools, tool_choice, logprobs,
     top_logprobs, temperature, top_p, max_tokens / max_completion_tokens, stop (string or list),
-    seed, n (only 1), and the extra_body keys `script` and `chat_template_kwargs`. Other keys the
-    SDK may send (user, metadata, penalties, …) are ignored.
+    seed, n (only 1), and the extra_body keys `script` and `chat_template_kwargs`.
     """
-    if not isinstance(body, Mapping):
-        raise BadRequest("the request body must be a JSON object", code="invalid_body")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list of chat messages", param="messages",
-                         code="invalid_type")
-    model = body.get("model")
-    if model is None:
-        model = ""
-    elif not isinstance(model, str):
-        raise _type_error("model", "a string", model)
-    n = _int(body, "n", 1, 1)
-    if n != 1:
+    req = checked_dict(CHAT_REQUEST, body)
+    n = req.get("n")
+    if n is not None and n != 1:
         raise BadRequest(f"'n' must be 1 (got {n}): send {n} separate requests instead", param="n",
                          code="unsupported_value")
-    stream = _bool(body, "stream")
-    include_usage = False
-    opts = body.get("stream_options")
-    if opts is not None:
-        if not isinstance(opts, Mapping):
-            raise _type_error("stream_options", "an object", opts)
-        include_usage = _bool(opts, "include_usage")
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
-            raise _type_error("tools", "a list of tool objects", tools)
-        for i, t in enumerate(tools):
-            fn = t.get("function")
-            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-                raise BadRequest(f"tools[{i}] needs function.name (a string)", param="tools",
-                                 code="invalid_value")
-        tools = tools or None
-    tool_choice = body.get("tool_choice")
-    if tool_choice is not None and not (
-        tool_choice in ("none", "auto", "required") or isinstance(tool_choice, Mapping)
-    ):
-        raise BadRequest(
-            f"'tool_choice' must be 'none', 'auto', 'required' or a tool object, got {_short(tool_choice)}",
-            param="tool_choice", code="invalid_value",
-        )
-    logprobs = _bool(body, "logprobs")
-    top_logprobs = _int(body, "top_logprobs", 0, 0) or 0
-    if top_logprobs > MAX_TOP_LOGPROBS:
-        raise BadRequest(f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}, got {top_logprobs}",
-                         param="top_logprobs", code="invalid_value")
+    logprobs = bool(req.get("logprobs"))
+    top_logprobs = req.get("top_logprobs") or 0
     if top_logprobs and not logprobs:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs",
                          code="invalid_value")
-    temperature = _number(body, "temperature", 0.0, 2.0, 1.0)
-    top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p == 0.0:
-        raise BadRequest("'top_p' must be greater than 0", param="top_p", code="invalid_value")
-    max_tokens = _int(body, "max_completion_tokens", 1, None)
-    if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1, default_max_tokens)
-    stop_raw = body.get("stop")
-    if stop_raw is None:
-        stop: tuple[str, ...] = ()
-    elif isinstance(stop_raw, str):
-        stop = (stop_raw,) if stop_raw else ()
-    elif isinstance(stop_raw, list) and all(isinstance(s, str) for s in stop_raw):
-        stop = tuple(s for s in stop_raw if s)
+    max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or default_max_tokens
+    stop_raw = req.get("stop")
+    if isinstance(stop_raw, str):
+        stop: tuple[str, ...] = (stop_raw,) if stop_raw else ()
     else:
-        raise _type_error("stop", "a string or a list of strings", stop_raw)
-    seed = _int(body, "seed", -(2**63), None)
-    script = body.get("script")
-    if script is not None and not isinstance(script, str):
-        raise _type_error("script", "a string (the scripted engine's reply text)", script)
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is None:
-        kwargs = {}
-    elif not isinstance(kwargs, Mapping):
-        raise _type_error("chat_template_kwargs", "an object", kwargs)
+        stop = tuple(s for s in stop_raw or () if s)
+    temperature, top_p = req.get("temperature"), req.get("top_p")
     sampling = SamplingParams(
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=int(max_tokens or default_max_tokens),
+        temperature=1.0 if temperature is None else float(temperature),
+        top_p=1.0 if top_p is None else float(top_p),
+        max_tokens=int(max_tokens),
         stop=stop,
-        seed=seed,
+        seed=req.get("seed"),
         top_logprobs=top_logprobs if logprobs else 0,
     )
+    opts = req.get("stream_options")
+    # messages and tools as sent: templates render a schema in the client's key order
     return ChatRequest(
-        messages=messages, model=model, sampling=sampling, stream=stream,
-        include_usage=include_usage, logprobs=logprobs, top_logprobs=top_logprobs, tools=tools,
-        tool_choice=tool_choice, script=script, chat_template_kwargs=dict(kwargs),
+        messages=body["messages"], model=req.get("model") or "", sampling=sampling, stream=bool(req.get("stream")),
+        include_usage=bool(opts and opts.get("include_usage")), logprobs=logprobs,
+        top_logprobs=top_logprobs, tools=body.get("tools") or None, tool_choice=body.get("tool_choice"),
+        script=req.get("script"), chat_template_kwargs=dict(req.get("chat_template_kwargs") or {}),
     )
 
 

@@ -154,7 +154,8 @@ class RolloutSession:
 
     `index` is built lazily from the ledger (so a restarted server continues where it stopped);
     `inflight` maps the request key of each call still generating to a future of its response,
-    for SDK retries that arrive before the original finished.
+    for SDK retries that arrive before the original finished. `responses` keeps, per Responses
+    API response id, the conversation that response ends (`gateway.responses_api`).
     """
 
     rollout_id: str
@@ -163,6 +164,10 @@ class RolloutSession:
     finished: bool
     index: RolloutIndex | None = None
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
+    # Responses API: response id -> the conversation it ends (what previous_response_id continues)
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Responses / Messages API: input items already checked, by their JSON (validation.checked_items)
+    checked: dict[bytes, Any] = field(default_factory=dict)
 
 
 def choose_parsers(chat_template: str, settings: GatewaySettings) -> tuple[str | None, str | None]:
@@ -615,6 +620,8 @@ class Gateway:
         ro = self.ledger.finish_rollout(session.rollout_id, record, float(reward), valid)
         session.finished = True
         session.index = None
+        session.responses.clear()
+        session.checked.clear()
         return {"rollout_id": ro.id, "group_id": ro.group_id, "status": ro.status,
                 "reward": ro.reward, "valid": ro.valid}
 

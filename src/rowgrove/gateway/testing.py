@@ -74,10 +74,14 @@ class GatewayHandle:
 
     def finish(self, rollout_id: str, *, messages: list[dict] | None = None,
                conversations: list[list[dict]] | None = None, reward: float,
-               valid: bool | None = None, accepted_call_ids: list[str] | None = None) -> dict[str, Any]:
+               valid: bool | None = None, accepted_call_ids: list[str] | None = None,
+               format: str | None = None) -> dict[str, Any]:
         """POST /v1/rollouts/{id}/finish with the accepted conversation(s) and the reward (and the
-        ids of calls the harness kept whose turns it rewrote, `accepted_call_ids`)."""
+        ids of calls the harness kept whose turns it rewrote, `accepted_call_ids`); `format` is
+        the dialect the conversations are in ("chat", "responses", "anthropic"; default chat)."""
         body: dict[str, Any] = {"reward": reward}
+        if format is not None:
+            body["format"] = format
         if accepted_call_ids is not None:
             body["accepted_call_ids"] = accepted_call_ids
         if messages is not None:
