@@ -180,7 +180,7 @@ def _content(parts: Any) -> Any:
         if kind == "refusal":
             out.append({"type": "text", "text": p["refusal"]})
         elif kind == "input_image":
-            out.append({"type": "input_image", "image_url": {"url": p["image_url"]}})
+            out.append({"type": "image_url", "image_url": {"url": p["image_url"]}})
         else:
             out.append({"type": "text", "text": p["text"]})
     if len(out) == 1 and out[0]["type"] == "text":
