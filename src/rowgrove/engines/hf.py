@@ -288,16 +288,7 @@ class HFEngine:
             if r.tops is not None:
                 k = r.sampling.top_logprobs
                 r.tops.append([(int(t), float(v)) for t, v in zip(top_idx[i, :k].tolist(), top_vals[i, :k].tolist(), strict=True)])
-            finish = None
-            if tok in r.stop_ids or r.stop_checker.hit(r.token_ids):
-                finish = "stop"
-            elif len(r.token_ids) >= r.sampling.max_tokens:
-                finish = "length"
-            if finish is not None:
-                # updates apply only while no row runs, so one version sampled every token of it
-                r.resolve(Generation(token_ids=r.token_ids, logprobs=r.logprobs, finish_reason=finish,
-                                     top_logprobs=r.tops, weight_versions=[self.weights_version] * len(r.token_ids)))
-            elif not r.cancelled.is_set():
+            if not self._resolve_if_done(r, tok) and not r.cancelled.is_set():
                 keep.append(i)
         if len(keep) < len(rows):
             if keep:
@@ -307,6 +298,19 @@ class HFEngine:
             else:
                 state.clear()
         return [rows[i] for i in keep]
+
+    def _resolve_if_done(self, r: _Request, tok: int) -> bool:
+        """Answer `r` if `tok` (just appended) ends it: a stop id or stop string, or max_tokens."""
+        if tok in r.stop_ids or r.stop_checker.hit(r.token_ids):
+            finish = "stop"
+        elif len(r.token_ids) >= r.sampling.max_tokens:
+            finish = "length"
+        else:
+            return False
+        # updates apply only while no row runs, so one version sampled every token of it
+        r.resolve(Generation(token_ids=r.token_ids, logprobs=r.logprobs, finish_reason=finish,
+                             top_logprobs=r.tops, weight_versions=[self.weights_version] * len(r.token_ids)))
+        return True
 
     @torch.no_grad()
     def _run_alone(self, r: _Request) -> None:
@@ -330,14 +334,7 @@ class HFEngine:
             if r.tops is not None:
                 vals, idx = logp[0].topk(r.sampling.top_logprobs)
                 r.tops.append([(int(t), float(v)) for t, v in zip(idx.tolist(), vals.tolist(), strict=True)])
-            finish = None
-            if tok in r.stop_ids or r.stop_checker.hit(r.token_ids):
-                finish = "stop"
-            elif len(r.token_ids) >= r.sampling.max_tokens:
-                finish = "length"
-            if finish is not None:
-                r.resolve(Generation(token_ids=r.token_ids, logprobs=r.logprobs, finish_reason=finish,
-                                     top_logprobs=r.tops, weight_versions=[self.weights_version] * len(r.token_ids)))
+            if self._resolve_if_done(r, tok):
                 return
             if r.cancelled.is_set():
                 return
