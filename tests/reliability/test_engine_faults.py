@@ -143,23 +143,30 @@ def test_check_generation_unit():
 # -- timeouts cancel the engine's work ----------------------------------------------------------------
 
 
-def test_a_timed_out_scripted_pass_does_not_hold_up_the_next_call(tmp_path):
-    """The first call's forward pass hangs (held on an event) past the engine timeout: 504. The
-    next calls run in the engine's other workers and answer at once; once the hung pass ends, its
-    result is thrown away."""
-    engine = make_engine("scripted", "tiny", workers=2)
+def _hanging_scripted(workers: int) -> tuple[Any, threading.Event, list[str]]:
+    """A scripted engine whose forward pass on a "hang" script blocks until the event is set;
+    the list collects the text of every pass that ran."""
+    engine = make_engine("scripted", "tiny", workers=workers)
     release = threading.Event()
     real = engine._score
-    passes: list[str] = []
+    ran: list[str] = []
 
     def score(prompt, ids, top):
         text = engine.tokenizer.decode(ids)
-        passes.append(text)
+        ran.append(text)
         if "hang" in text:
             release.wait(20)
         return real(prompt, ids, top)
 
     engine._score = score
+    return engine, release, ran
+
+
+def test_a_timed_out_scripted_pass_does_not_hold_up_the_next_call(tmp_path):
+    """The first call's forward pass hangs (held on an event) past the engine timeout: 504. The
+    next calls run in the engine's other workers and answer at once; once the hung pass ends, its
+    result is thrown away."""
+    engine, release, _ = _hanging_scripted(workers=2)
     try:
         with start_gateway("tiny", engine=engine, ledger=tmp_path / "l.db", engine_timeout=0.5) as gw:
             ro = gw.create_rollout("g")
@@ -182,19 +189,7 @@ def test_a_timed_out_scripted_pass_does_not_hold_up_the_next_call(tmp_path):
 
 
 def test_a_cancelled_scripted_call_that_has_not_started_never_runs():
-    engine = make_engine("scripted", "tiny", workers=1)
-    release = threading.Event()
-    real = engine._score
-    ran: list[str] = []
-
-    def score(prompt, ids, top):
-        text = engine.tokenizer.decode(ids)
-        ran.append(text)
-        if "hang" in text:
-            release.wait(20)
-        return real(prompt, ids, top)
-
-    engine._score = score
+    engine, release, ran = _hanging_scripted(workers=1)
     p = engine.tokenizer.encode("hi", add_special_tokens=False)
 
     async def main():

@@ -173,21 +173,25 @@ def _port(gw) -> int:
     return int(gw.url.rsplit(":", 1)[1])
 
 
+def _read_response(sock: socket.socket, timeout: float = 10) -> bytes:
+    sock.settimeout(timeout)
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
 def _raw(gw, data: bytes, *, wait: float = 0.5) -> bytes:
+    """What the server answers to `data` on a fresh connection, read until it closes (or `wait`)."""
     with socket.create_connection(("127.0.0.1", _port(gw)), timeout=5) as sock:
         sock.sendall(data)
-        out = b""
-        end = time.monotonic() + wait
-        sock.settimeout(wait)
-        while time.monotonic() < end:
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                break
-            out += chunk
-        return out
+        return _read_response(sock, timeout=wait)
 
 
 GARBAGE = [
@@ -312,20 +316,6 @@ def _start_upload(port: int, path: str, key: str | None, declared: int, sent: by
     sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
                  f"Content-Length: {declared}\r\n\r\n".encode() + sent)
     return sock
-
-
-def _read_response(sock: socket.socket, timeout: float = 10) -> bytes:
-    sock.settimeout(timeout)
-    out = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    return out
 
 
 def test_a_body_that_does_not_arrive_in_time_is_408(tmp_path):

@@ -88,21 +88,20 @@ def bad_request(e: ValidationError, prefix: tuple[Any, ...] = ()) -> BadRequest:
 def checked(model: type[M], body: Any) -> M:
     """`model` validated from the decoded JSON `body`; BadRequest (400) naming the first wrong field
     and what it got. Never raises anything else for any JSON value."""
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object", code="invalid_body")
-    try:
-        return model.model_validate(body)
-    except ValidationError as e:
-        raise bad_request(e) from None
+    return _validated(model.model_validate, body)
 
 
 def checked_dict(adapter: TypeAdapter[Any], body: Any) -> Any:
     """`body` validated by `adapter` (a TypedDict: pydantic-core returns a plain dict, without
     building a model object); BadRequest as `checked`."""
+    return _validated(adapter.validate_python, body)
+
+
+def _validated(validate: Any, body: Any) -> Any:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object", code="invalid_body")
     try:
-        return adapter.validate_python(body)
+        return validate(body)
     except ValidationError as e:
         raise bad_request(e) from None
 
