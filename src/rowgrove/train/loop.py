@@ -51,6 +51,8 @@ import torch
 
 from rowgrove.errors import InputError
 from rowgrove.train.config import TrainConfig, config_hash
+from rowgrove.train.jobs import agent_config as _agent_config
+from rowgrove.train.jobs import mix as _mix
 from rowgrove.types import Row
 
 
@@ -95,14 +97,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def _mix(*parts: int) -> int:
-    """A deterministic 63-bit seed from integers."""
-    h = 1469598103934665603
-    for p in parts:
-        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) % 2**64
-    return h % 2**63
 
 
 def lr_factor(cfg: TrainConfig) -> Any:
@@ -188,12 +182,6 @@ def make_rollout_engine(cfg: TrainConfig, start_dir: Path, model: Any, tokenizer
 
 
 # ---- rollouts ---------------------------------------------------------------------------------
-
-def _agent_config(cfg: TrainConfig) -> Any:
-    from rowgrove.agents import AgentConfig
-
-    return AgentConfig.from_options(dict(cfg.agent), temperature=cfg.temperature, max_tokens=cfg.max_tokens)
-
 
 def run_group_rollouts(gateway_url: str, cfg: TrainConfig, tasks: list[Any], n: int, tag: str,
                        seed: int) -> list[Any]:

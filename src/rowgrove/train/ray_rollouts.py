@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rowgrove.errors import InputError
+from rowgrove.train.jobs import agent_config, mix
 from rowgrove.types import Row
 
 
@@ -57,10 +58,8 @@ class RayRollouts:
         from rowgrove.agents.loop import EpisodeResult
         from rowgrove.scale import EpisodeJob
         from rowgrove.scale.episodes import AgentHarness
-        from rowgrove.train.loop import _agent_config
-        from rowgrove.train.loop import _mix as mix
 
-        agent = _agent_config(cfg)
+        agent = agent_config(cfg)
         jobs = []
         for i, task in enumerate(tasks):
             for k in range(n):
