@@ -110,8 +110,9 @@ def test_open_and_unknown_rollouts(ledger):
 
 
 def test_reward_copied_and_no_calls(ledger):
-    rr = rollout_rows(ledger, write_rollout(ledger, "g", [], {"messages": [user("q")]}, 0.25))
+    rr = rollout_rows(ledger, write_rollout(ledger, "g", [], None, 0.25))
     assert rr.rows == [] and rr.invalid_reason and "no completed call" in rr.invalid_reason
+    assert rr.reason_kinds == ["nothing_to_train"]
 
 
 def test_reason_kinds_name_each_cause(ledger):

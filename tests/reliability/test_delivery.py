@@ -185,10 +185,10 @@ def test_an_undelivered_call_is_never_a_parent_and_never_trained(app_env):
     root = _chat(app, ro, {"messages": msgs + [lost, {"role": "user", "content": "next"}]}, cut_at=None)
     c4 = ledger.get_call(orjson.loads(root.body_bytes)["id"])
     assert c4.root and c4.parent_id is None
-    # finishing without any assistant message: the terminal chain starts at the last completed
-    # call (c4), the undelivered c2 is never walked, and since c3 answered c2's request the
-    # rollout stays valid
-    ledger.finish_rollout(ro.id, {"messages": USER}, 1.0)
+    # finishing with no record at all: the terminal chain starts at the last completed call
+    # (c4), the undelivered c2 is never walked, and since c3 answered c2's request the rollout
+    # stays valid
+    ledger.finish_rollout(ro.id, {"conversations": []}, 1.0)
     gw.sessions[ro.id].finished = True
     built = rollout_rows(ledger, ro.id)
     assert built.chains == [[c4.id]]

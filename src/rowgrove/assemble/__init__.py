@@ -7,7 +7,7 @@
 `rowgrove rows` and `rowgrove show` are thin shells over these functions.
 """
 
-from rowgrove.assemble.build import RolloutRows, build_rows
+from rowgrove.assemble.build import RolloutRows, build_rows, record_shape
 from rowgrove.assemble.io import read_rows, row_from_json, row_to_json, write_rows
 from rowgrove.assemble.read import iter_finished, read_calls, read_finished_rollout
 from rowgrove.ledger import Ledger
@@ -36,6 +36,7 @@ __all__ = [
     "iter_finished",
     "read_calls",
     "read_rows",
+    "record_shape",
     "rollout_rows",
     "row_from_json",
     "row_to_json",

@@ -30,13 +30,21 @@ whatever its reward: a harness that scored the episode after a 504 scored the in
 not the model. A replacement does not have to be accepted by the record: a completed answer to
 the same request means the failure cost the harness nothing but a retry.
 
-Without any assistant message in the record, the rows come from the terminal chain (walk up from
-the last completed call; non-completed calls are never trained) and `metrics["note"]` says that
-only part of the rollout was delivered.
+What a finish trains is decided by its record, the harness's word (`record_shape`):
+- `assistant`: the record holds assistant messages (or names `accepted_call_ids`): the matched
+  (or named) calls are trained, nothing else.
+- `no_reply`: the record holds messages but no assistant message and names no call: the harness
+  says it kept no reply (it gave up, or never received one in full), so nothing is trained and the
+  rollout is invalid (`nothing_to_train`). The gateway cannot tell a reply that went into the
+  socket's buffers from one the client read; the record can, so it is believed.
+- `none`: no record at all (`record=None`, `{}`, or `{"conversations": []}`): the rows come from
+  the terminal chain (walk up from the last completed call; non-completed calls are never
+  trained) and `metrics["note"]` says that only part of the rollout may be delivered.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +61,7 @@ REASONS = {
     "call_not_completed": "a call on a chain failed or was aborted",
     "inconsistent_ledger": "stored prompt lengths do not add up along a chain",
     "harness_invalid": "the harness finished the rollout with valid=false",
-    "nothing_to_train": "no completed or accepted call",
+    "nothing_to_train": "no completed or accepted call, or a record that holds no assistant message",
     "unknown_call_id": "accepted_call_ids names a call that is not a completed call of this rollout",
     "infra_failure": "a call the rollout needed failed or was aborted (engine error, timeout, abort, "
                      "undelivered response, server restart) and no later call answered its request",
@@ -118,6 +126,21 @@ def _leaves(accepted: set[str], by_id: dict[str, Call]) -> list[str]:
     return [cid for cid in accepted if cid not in has_desc]
 
 
+def record_shape(record: Any) -> str:
+    """Which finish shape a record is, and so what it trains (see the module docstring):
+    "assistant" (assistant messages, or `accepted_call_ids`: the matched calls), "no_reply"
+    (messages but none from the assistant: nothing, `nothing_to_train`) or "none" (no message at
+    all: the terminal chain). InputError for a record that is not an object."""
+    convs = record_conversations(record)
+    if record_accepted_ids(record) or any(
+        isinstance(m, Mapping) and m.get("role") == "assistant" for conv in convs for m in conv
+    ):
+        return "assistant"
+    if any(conv for conv in convs):
+        return "no_reply"
+    return "none"
+
+
 def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
     """Rows of one finished rollout from its calls (any order; ordinals decide).
 
@@ -144,8 +167,16 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
     note: str | None = None
     matches: list[Match] = []
     convs = record_conversations(rollout.record)
-    has_assistant = any(type(m) is dict and m.get("role") == "assistant" for conv in convs for m in conv)
-    if has_assistant or record_accepted_ids(rollout.record):
+    shape = record_shape(rollout.record)
+    if shape == "no_reply":
+        source = "record"
+        accepted = set()
+        n = sum(len(conv) for conv in convs)
+        fail("nothing_to_train",
+             f"the record holds {n} message(s) and no assistant message: the harness kept no reply of the "
+             "model, so nothing is trained (send the model's replies as assistant messages, or finish with "
+             "no record at all, e.g. {\"conversations\": []}, to train the terminal chain)")
+    elif shape == "assistant":
         source = "record"
         sel = select_calls(rollout.record, calls)
         for kind, text in sel.problems:
@@ -172,9 +203,9 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
             accepted.add(cid)
             cid = by_id[cid].parent_id
         note = (
-            "the finish carried no assistant messages: rows come from the terminal chain only "
+            "the finish carried no record: rows come from the terminal chain only "
             f"(walk up from {last.id}), so only part of the rollout may be delivered"
-            if last is not None else "the finish carried no assistant messages and no call completed"
+            if last is not None else "the finish carried no record and no call completed"
         )
     if not rollout.valid:
         fail("harness_invalid", "the harness finished the rollout with valid=false")
