@@ -5,6 +5,15 @@ of 32 channels, patch 14, 2x2 merge) and Qwen2-VL's image processor with a small
 (56x56 to 112x112 after resizing: 4 to 16 placeholder tokens per image), saved as a normal HF
 model directory with `processor_config.json`.
 
+The folder loads the way a Hub Qwen2-VL checkpoint does. Its processor files name transformers'
+own `Qwen2VLProcessor` (`processor_config.json`, `preprocessor_config.json` with the image
+processor's settings, as Qwen/Qwen2-VL-2B-Instruct ships it, and `tokenizer_config.json`), so
+`AutoProcessor.from_pretrained(folder)` builds it where torchvision is installed: transformers
+5.23 builds Qwen2-VL's video processor, a required part of that processor, only on torchvision.
+Where torchvision is missing, `AutoProcessor.from_pretrained(folder, trust_remote_code=True)`
+loads `processing_rowgrove_tiny_vl.ImageQwen2VLProcessor` from the folder (its `auto_map`): the
+same processor without the video side, with the PIL image processor (`Qwen2VLImageProcessorPil`).
+
 Served as `--model tiny-vl` by the `hf` and `scripted` engines. Deterministic and cached like
 `rowgrove.model.tiny` (same config -> byte-identical files; a complete build is reused).
 """
@@ -19,11 +28,38 @@ from rowgrove.model.templates import get_template
 from rowgrove.model.tiny import PAD_TOKEN, _build_cached, _complete_hash, _train_tokenizer, cache_root
 from rowgrove.model.vision import VISION_TOKENS
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: the folder loads with AutoProcessor (processor files, auto_map)
 MARKER = "rowgrove-tiny.json"
 TEMPLATE = "qwen2-vl"
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 112 * 112
+PROCESSOR_CLASS = "Qwen2VLProcessor"  # transformers' own: what AutoProcessor builds with torchvision
+REMOTE_MODULE = "processing_rowgrove_tiny_vl"
+REMOTE_CLASS = "ImageQwen2VLProcessor"
+# The module AutoProcessor(trust_remote_code=True) loads from the folder: self-contained (imports
+# transformers only), the class rowgrove.model.vision.processor_class() builds.
+REMOTE_SOURCE = '''"""Qwen2-VL's processor for images only, for the tiny VLM rowgrove builds.
+
+transformers 5.23 builds `Qwen2VLProcessor` with a video processor, and Qwen2-VL's video
+processor needs torchvision. This subclass drops only the video side: same `__call__`, same
+placeholder expansion (`replace_image_token`), same image processor. Loaded by
+`AutoProcessor.from_pretrained(folder, trust_remote_code=True)` through the folder's `auto_map`.
+"""
+
+from transformers import Qwen2VLProcessor
+from transformers.processing_utils import ProcessorMixin
+
+
+class ImageQwen2VLProcessor(Qwen2VLProcessor):
+    """`Qwen2VLProcessor` for images only (no video processor, which needs torchvision)."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        self.image_token = "<|image_pad|>"
+        self.video_token = "<|video_pad|>"
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
+'''
 
 
 def config_hash(*, seed: int, layers: int, hidden: int, vocab_size: int, min_pixels: int, max_pixels: int) -> str:
@@ -85,11 +121,29 @@ def _write(out: Path, *, seed: int, layers: int, hidden: int, vocab_size: int, m
     cfg_path = out / "tokenizer_config.json"
     tcfg = json.loads(cfg_path.read_text())
     tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tcfg["processor_class"] = PROCESSOR_CLASS
     cfg_path.write_text(json.dumps(tcfg, indent=2, sort_keys=True) + "\n")
+    _write_processor_files(out)
     (out / MARKER).write_text(json.dumps({"config_hash": chash, "kind": "tiny-vl", "template": TEMPLATE,
                                           "seed": seed, "layers": layers, "hidden": hidden,
                                           "vocab_size": vocab_size, "min_pixels": min_pixels,
                                           "max_pixels": max_pixels}, sort_keys=True) + "\n")
+
+
+def _write_processor_files(out: Path) -> None:
+    """Make the saved processor loadable by `AutoProcessor`: processor_config.json names
+    transformers' `Qwen2VLProcessor` and maps `AutoProcessor` to the folder's image-only module
+    (used only with trust_remote_code=True), preprocessor_config.json holds the image processor's
+    settings (where AutoImageProcessor, AutoVideoProcessor and transformers 4.x look), and the
+    module itself. Written with sorted keys: rebuilds stay byte-identical."""
+    path = out / "processor_config.json"
+    pcfg = json.loads(path.read_text())
+    pcfg["processor_class"] = PROCESSOR_CLASS
+    pcfg["auto_map"] = {"AutoProcessor": f"{REMOTE_MODULE}.{REMOTE_CLASS}"}
+    path.write_text(json.dumps(pcfg, indent=2, sort_keys=True) + "\n")
+    image = dict(pcfg["image_processor"], processor_class=PROCESSOR_CLASS)
+    (out / "preprocessor_config.json").write_text(json.dumps(image, indent=2, sort_keys=True) + "\n")
+    (out / f"{REMOTE_MODULE}.py").write_text(REMOTE_SOURCE)
 
 
 def build_tiny_vl(out_dir: str | Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vocab_size: int = 1024,
