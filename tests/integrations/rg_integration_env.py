@@ -1,0 +1,23 @@
+"""Where the trainers' environments are, and how a test that needs one skips or fails."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def verl_python() -> Path:
+    """The verl environment's python: $ROWGROVE_VERL_PYTHON, else .venv-verl/bin/python."""
+    return Path(os.environ.get("ROWGROVE_VERL_PYTHON") or ROOT / ".venv-verl" / "bin" / "python")
+
+
+def require_or_skip(reason: str) -> None:
+    """Skip with `reason`, or fail when ROWGROVE_REQUIRE_TRAINERS=1 (make test sets it: there the
+    trainer tests must run)."""
+    if os.environ.get("ROWGROVE_REQUIRE_TRAINERS") == "1":
+        pytest.fail(f"{reason} (ROWGROVE_REQUIRE_TRAINERS=1)")
+    pytest.skip(reason)
