@@ -66,8 +66,8 @@ def _family_case(family: str) -> ModelCase:
         pytest.skip(f"tests/families.py does not exist yet: the {family} case runs once it does")
     fam = families.family(family)
     if not fam.template_path.exists():
-        pytest.skip(f"the real {family} chat template is not at {fam.template_path} "
-                    "(set ROWGROVE_TEMPLATES to the templates folder)")
+        pytest.skip(f"real chat templates not found in {fam.template_path.parent}: the {family} template "
+                    f"{fam.template_path.name} is missing (set ROWGROVE_TEMPLATES to the templates folder)")
 
     def sampled(text: str) -> str:
         for stop in fam.eos_tokens:

@@ -1,13 +1,17 @@
-"""Helpers for the parser tests: render an assistant turn through a real chat template from
-/work/shared/templates and cut out what the model would have sampled."""
+"""Helpers for the parser tests: render an assistant turn through a real chat template (read from
+`$ROWGROVE_TEMPLATES`, tests/families.py `templates_dir`) and cut out what the model would have
+sampled. A test whose template is missing skips, with the suite's uniform reason."""
 
 from __future__ import annotations
 
-import pathlib
+import sys
+from pathlib import Path
 
+import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-TEMPLATES = pathlib.Path("/work/shared/templates")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from families import templates_dir  # noqa: E402
 
 # (bos, eos, end-of-turn suffixes the sampler stops on, which are not part of the sampled text)
 SPECIALS = {
@@ -22,7 +26,12 @@ SPECIALS = {
 
 
 def template(name: str) -> str:
-    return (TEMPLATES / name).read_text()
+    """The real chat template `name`; skips the test when the templates folder lacks it."""
+    path = templates_dir() / name
+    if not path.is_file():
+        pytest.skip(f"real chat templates not found in {path.parent}: {name} is missing "
+                    "(set ROWGROVE_TEMPLATES to the templates folder)")
+    return path.read_text()
 
 
 def render(name: str, messages: list[dict], tools: list | None = None, **kwargs) -> str:

@@ -1,4 +1,4 @@
-"""Round trips through the real chat templates in /work/shared/templates: render an assistant turn
+"""Round trips through the real chat templates ($ROWGROVE_TEMPLATES): render an assistant turn
 with tool calls (arguments as dicts) the way the template writes it, take what the model would
 sample, and check the auto-detected parsers read back the same names, arguments and reasoning."""
 
