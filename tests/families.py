@@ -290,13 +290,16 @@ def family(name: str) -> Family:
 
 
 @functools.lru_cache(maxsize=None)
-def _model_dir(name: str, root: str) -> Path:
-    kw = family(name).build_kwargs()
+def _model_dir(name: str, root: str, shape: tuple[tuple[str, Any], ...]) -> Path:
+    kw = {**family(name).build_kwargs(), **dict(shape)}
     chash = family_config_hash(**kw)
     return build_family_model(Path(root) / f"family-{name}-{chash}", **kw)
 
 
-def family_model_dir(name: str) -> Path:
+def family_model_dir(name: str, **shape: Any) -> Path:
     """The tiny model folder of family `name` under the cache root ($ROWGROVE_CACHE, default
-    ~/.cache/rowgrove), built on first use and reused afterwards (once per process and root)."""
-    return _model_dir(name, str(cache_root()))
+    ~/.cache/rowgrove), built on first use and reused afterwards (once per process and root).
+    `shape`: model-shape arguments of build_family_model (`hidden`, `heads`, `layers`,
+    `tie_embeddings`); `**rowgrove.model.tiny.servable_kwargs()` gives a folder vLLM's CPU engine
+    can serve (head_dim 32)."""
+    return _model_dir(name, str(cache_root()), tuple(sorted(shape.items())))

@@ -504,8 +504,14 @@ def test_update_weights_from_a_state_dict(server, tmp_path):
         np.testing.assert_allclose(g1.logprobs, expect, atol=1e-4)
         assert g1.weight_versions == [1] * len(g1.token_ids)
     finally:
-        engine.update_weights(str(model_dir("tiny")))  # a folder: loaded as is, nothing written
-    assert engine.weights_version == 2 and not (tmp_path / "sync" / "v000002").exists()
+        # a folder of a tied model without lm_head.weight: rewritten under sync_dir with the head
+        # named (vLLM's CPU build reloads the output layer only from a checkpoint that names it)
+        engine.update_weights(str(model_dir("tiny")))
+    assert engine.weights_version == 2
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "sync" / "v000002" / "model.safetensors"), "pt") as st:
+        assert "lm_head.weight" in set(st.keys())
     assert all(torch.equal(server.engine.model.state_dict()[k], before[k]) for k in before)
 
 
@@ -572,3 +578,44 @@ def test_the_command_line_refuses_options_of_the_other_server(capsys):
     assert main(["sglang", "--no-dev-routes"]) == 2
     args = build_parser().parse_args(["vllm", "--model", "tiny-qwen3", "--port", "9", "--served-model-name", "p"])
     assert (args.kind, args.model, args.port, args.served_model_name) == ("vllm", "tiny-qwen3", 9, "p")
+
+
+# ---- weight sync is verified ------------------------------------------------------------------
+
+def test_a_sync_whose_logprobs_differ_is_refused_and_the_server_serves_nothing_after_it(server, tmp_path):
+    """The check compares the server's probe logprobs (prompt_logprobs) with the reference: a
+    reference the server does not match (as a stale output layer would) is a WeightSyncError
+    naming the server, the version and the largest difference; the server then serves no call,
+    and a later sync that matches lets it serve again."""
+    from rowgrove.engines.verify import WeightSyncError, policy_logprobs
+
+    engine = make_engine("vllm", "tiny", url=server.url, sync_dir=tmp_path / "sync")
+    weights = _weights(server)
+    truth = lambda ids: policy_logprobs(server.engine.model, ids)  # noqa: E731
+    off = lambda ids: [v + 0.01 for v in truth(ids)]  # noqa: E731 - what a stale head looks like
+    with pytest.raises(WeightSyncError) as e:
+        engine.update_weights(weights, reference=off)
+    msg = str(e.value)
+    assert server.url in msg and "weight version 1" in msg and "differ by up to 0.01" in msg
+    assert engine.weights_version == 0 and server.url in engine.stale
+    with pytest.raises(EngineError, match="serves no call until"):
+        asyncio.run(engine.generate(PROMPT, SamplingParams(max_tokens=2)))
+    engine.update_weights(weights, reference=truth)
+    assert engine.weights_version == 1 and not engine.stale
+    assert asyncio.run(engine.generate(PROMPT, SamplingParams(max_tokens=2))).token_ids
+
+
+def test_the_default_reference_is_a_mirror_of_what_was_synced_and_the_tolerance_is_settable(server, tmp_path):
+    """Without a reference the engine compares with its own CPU copy of the synced weights (the
+    stand-in loads them exactly: passes at 1e-6); a negative tolerance is refused by name."""
+    from rowgrove.errors import InputError
+
+    engine = make_engine("vllm", "tiny", url=server.url, sync_dir=tmp_path / "sync", sync_tolerance=1e-6)
+    before = _weights(server)
+    try:
+        engine.update_weights({k: v * 1.1 for k, v in before.items()})
+        assert engine.weights_version == 1 and not engine.stale
+    finally:
+        engine.update_weights(before)
+    with pytest.raises(InputError, match="sync tolerance"):
+        make_engine("vllm", "tiny", url=server.url, sync_tolerance=-1)

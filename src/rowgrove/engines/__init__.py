@@ -21,7 +21,7 @@ from rowgrove.errors import InputError
 __all__ = ["Engine", "Generation", "SamplingParams", "make_engine"]
 
 
-REMOTE_OPTIONS = {"url", "timeout", "api_key", "sync_dir", "served_model", "check", "stream"}
+REMOTE_OPTIONS = {"url", "timeout", "api_key", "sync_dir", "served_model", "check", "stream", "sync_tolerance"}
 SERVER_OPTIONS = {"vllm": {"pause_mode"}, "sglang": {"incremental"}}
 
 
@@ -33,7 +33,8 @@ def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -
     `max_batch` (most requests per batch) and, scripted only, `workers` (forward passes at once). Server engines take `url` (required: one URL, a
     comma-separated list or a list; a rollout's calls stay on one server), `timeout` (seconds per
     request), `api_key`, `sync_dir` (a folder the servers can read, for `update_weights` with a
-    state dict), `served_model` (the model name the server was started with; default: the one it serves), `stream` (read the
+    state dict), `sync_tolerance` (the largest probe logprob difference accepted after a weight sync,
+    default $ROWGROVE_SYNC_TOLERANCE or 1e-3; see rowgrove.engines.verify), `served_model` (the model name the server was started with; default: the one it serves), `stream` (read the
     server's answer as a stream, default True), `check` (default True: refuse a server that does
     not serve this model folder's tokenizer), and per server: `pause_mode` (vllm: "keep" | "wait"
     | "abort", how a weight update pauses generation) and `incremental` (sglang: the server's

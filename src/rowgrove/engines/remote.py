@@ -19,9 +19,12 @@ from token ids.
   with an id outside the vocabulary, a logprob list of the wrong length or no finish reason is an
   engine fault (502): it is never stored as a completed call.
 - Weights: `update_weights(state_dict | folder)` writes a state dict as a safetensors checkpoint
-  under `sync_dir` (a folder both sides can read) and asks every server to load it, then bumps
-  `weights_version`. Each sampled token carries the version it was sampled under: the server's
-  report where it gives one, else the version held when the request was sent.
+  under `sync_dir` (a folder both sides can read) and asks every server to load it, then verifies
+  it (`rowgrove.engines.verify`): each server's logprobs on a probe must equal the trainer's within
+  `sync_tolerance`, else WeightSyncError and that server serves no further call until a sync
+  passes. Only then is `weights_version` bumped. Each sampled token carries the version it was
+  sampled under: the server's report where it gives one, else the version held when the request
+  was sent.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ import httpx
 # check_generation lives in rowgrove.engines.base (every engine's answer is checked); kept importable here
 from rowgrove.engines.base import Generation, SamplingParams, check_generation, check_prompt
 from rowgrove.engines.http import Reply, ServerClient
+from rowgrove.engines.verify import Reference, WeightMirror, WeightSyncError, largest_difference, with_tied_head
+from rowgrove.engines.verify import sync_tolerance as resolve_tolerance
 from rowgrove.errors import BadRequest, EngineError, InputError, Unavailable
 
 # A rollout's server is remembered for this many rollouts (least recently used are forgotten).
@@ -103,7 +108,8 @@ class RemoteEngine(ABC):
 
     def __init__(self, model: str, urls: str | Sequence[str], *, timeout: float = 600.0,
                  connect_timeout: float = 10.0, api_key: str | None = None,
-                 sync_dir: str | Path | None = None, served_model: str | None = None):
+                 sync_dir: str | Path | None = None, served_model: str | None = None,
+                 sync_tolerance: float | None = None):
         from rowgrove.model.load import end_of_turn_id, load_tokenizer, model_dir, stop_token_ids
 
         self.model_path = model_dir(model)
@@ -119,6 +125,11 @@ class RemoteEngine(ABC):
         self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.sync_dir = Path(sync_dir) if sync_dir is not None else None
         self.weights_version = 0
+        # weight-sync verification: the largest logprob difference accepted, the CPU mirror used as
+        # the reference when the caller gives none, and the servers refused after a failed sync
+        self.sync_tolerance = resolve_tolerance(sync_tolerance)
+        self._mirror = WeightMirror(self.model_path)
+        self.stale: dict[str, str] = {}
         self.in_flight = [0] * len(self.urls)
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._next = 0  # where the next tie among least-loaded servers is broken
@@ -170,6 +181,8 @@ class RemoteEngine(ABC):
         hints = hints or {}
         i = self.server_for(hints.get("rollout_id"))
         url = self.urls[i]
+        if url in self.stale:  # its last weight sync failed verification: never sample stale weights
+            raise EngineError(self.stale[url])
         rid = str(hints.get("call_id") or f"rowgrove-{uuid.uuid4().hex}")
         version = self.weights_version
         self.in_flight[i] += 1
@@ -293,18 +306,28 @@ class RemoteEngine(ABC):
 
     # ---- weights --------------------------------------------------------------------------
 
-    def update_weights(self, weights: Mapping[str, Any] | str | Path) -> None:
-        """Make every server sample with new weights, then bump `weights_version`. `weights`: a
-        state dict (written as a checkpoint under `sync_dir` first) or the folder of a checkpoint
-        every server can read. Blocks until all servers report it loaded; EngineError otherwise."""
+    def update_weights(self, weights: Mapping[str, Any] | str | Path, *,
+                       reference: Reference | None = None) -> None:
+        """Make every server sample with new weights, verify it, then bump `weights_version`.
+
+        `weights`: a state dict (written as a checkpoint under `sync_dir` first; for a model with
+        tied embeddings `lm_head.weight` is written too, see `verify.with_tied_head`) or the folder
+        of a checkpoint every server can read. `reference(ids)`: the trainer's logprobs of
+        `ids[1:]` (`verify.policy_logprobs(model, ids)`); default: a CPU fp32 mirror of the model
+        that took the same updates. Blocks until all servers report it loaded; EngineError when one
+        cannot load it; WeightSyncError (naming the server, the version and the largest
+        difference) when a server's probe logprobs differ beyond `sync_tolerance`: that server then
+        serves no call until a later sync passes, and the version is not bumped."""
         version = self.weights_version + 1
         if isinstance(weights, str | Path):
-            folder = Path(weights)
+            folder = self._loadable(Path(weights), version)
         else:
             if self.sync_dir is None:
                 raise InputError(f"{self.kind} engine: update_weights with a state dict needs sync_dir, a folder "
                                  "the servers can read (rowgrove train sets it to RUN_DIR/weights)")
+            weights = with_tied_head(weights, self.model_path / "config.json")
             folder = write_checkpoint(weights, self.sync_dir / f"v{version:06d}", self.model_path)
+        checking = self.sync_tolerance != float("inf")
         with httpx.Client(timeout=httpx.Timeout(None, connect=self.timeout.connect), headers=self.headers) as http:
             for url in self.urls:
                 try:
@@ -312,9 +335,71 @@ class RemoteEngine(ABC):
                 except httpx.HTTPError as e:
                     raise EngineError(f"{self.kind} server {url}: loading weights from {folder} failed: "
                                       f"{type(e).__name__}: {e}") from None
+            if checking:
+                self._verify(http, folder, version, reference)
         self.weights_version = version
         if self.sync_dir is not None and not isinstance(weights, str | Path):
             prune_checkpoints(self.sync_dir, keep=2)
+
+    def _loadable(self, folder: Path, version: int) -> Path:
+        """The folder to ask the servers to load for a checkpoint folder `folder` (subclasses may
+        rewrite a layout their server reloads wrongly into `sync_dir`)."""
+        return folder
+
+    def sync_probe_ids(self) -> list[int]:
+        """The probe a sync is verified on: the probe conversation through the chat template (the
+        probe text where the folder has none), about 30 tokens of markers, words and digits."""
+        return self.probe_chat_ids() or self.probe_ids()
+
+    def _verify(self, http: httpx.Client, folder: Path, version: int, reference: Reference | None) -> None:
+        """Compare every server's probe logprobs with the reference; mark and refuse the ones
+        that differ beyond `sync_tolerance` (see update_weights)."""
+        ids = self.sync_probe_ids()
+        if reference is None:
+            try:
+                self._mirror.apply(folder)  # what the servers read, in the order they read it
+            except OSError as e:
+                msg = (f"cannot verify weight version {version}: the checkpoint {folder} is not readable here "
+                       f"({e}); pass the trainer's logprobs (update_weights(..., reference=)) or a folder both "
+                       "sides can read")
+                for url in self.urls:
+                    self.stale[url] = f"{self.kind} server {url}: {msg}"
+                raise WeightSyncError(msg) from None
+        expected = list(reference(ids)) if reference is not None else self._mirror.logprobs(ids)
+        failures: list[str] = []
+        for url in self.urls:
+            try:
+                got = self._score(http, url, ids)
+            except httpx.HTTPError as e:
+                got, why = None, f"{type(e).__name__}: {e}"
+            else:
+                why = "it gave no prompt logprobs"
+            if got is None:
+                msg = (f"{self.kind} server {url}: cannot verify weight version {version} (from {folder}): {why}; "
+                       "it serves no call until a sync is verified")
+            else:
+                worst, at = largest_difference(expected, got)
+                if worst <= self.sync_tolerance:
+                    self.stale.pop(url, None)
+                    continue
+                msg = (f"{self.kind} server {url} serves other weights than the trainer after loading weight "
+                       f"version {version} from {folder}: its logprobs on the {len(ids)}-token probe differ by up to "
+                       f"{worst:.3g} (position {at}; tolerance {self.sync_tolerance:g}). "
+                       + self._stale_hint(folder)
+                       + " It serves no call until a later sync is verified.")
+            self.stale[url] = msg
+            failures.append(msg)
+        if failures:
+            raise WeightSyncError(" | ".join(failures))
+
+    def _stale_hint(self, folder: Path) -> str:
+        """What to do when a server's logprobs differ after a sync (subclasses know their server)."""
+        return ("Check that the server loads this folder (same dtype, same architecture); raise the tolerance "
+                "(sync_tolerance, $ROWGROVE_SYNC_TOLERANCE) only for a lower-precision server.")
+
+    def _score(self, http: httpx.Client, url: str, ids: list[int]) -> list[float] | None:
+        """The server's log p(ids[i] | ids[:i]) for i >= 1 (None when it cannot say)."""
+        return None
 
     async def release_loop(self) -> None:
         """Close the connections of the running event loop (its server is stopping); a later call

@@ -264,6 +264,22 @@ class SGLangEngine(RemoteEngine):
             raise EngineError(f"sglang server {url}: loading weights from {folder} failed "
                               f"({r.status_code}): {msg}{hint}")
 
+    def _score(self, http: httpx.Client, url: str, ids: list[int]) -> list[float] | None:
+        """`/generate` on `input_ids` with `logprob_start_len: 0` and one greedy token: SGLang's
+        `input_token_logprobs` triples `[logprob, id, text]`, the first (no prefix) dropped."""
+        r = http.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1,
+                                                                                      "temperature": 0.0},
+                                               "return_logprob": True, "logprob_start_len": 0})
+        if r.status_code >= 400:
+            raise httpx.HTTPStatusError(f"POST /generate with logprob_start_len 0 answered {r.status_code}: "
+                                        f"{r.text[:200]}", request=r.request, response=r)
+        body = r.json()
+        triples = (body.get("meta_info") or {}).get("input_token_logprobs") if isinstance(body, dict) else None
+        if not isinstance(triples, list) or len(triples) != len(ids):
+            return None
+        out = [t[0] if isinstance(t, list | tuple) and t else None for t in triples[1:]]
+        return [float(v) for v in out] if all(isinstance(v, int | float) for v in out) else None
+
 
 def version_number(name: Any, held: int) -> int:
     """The integer a server's weight version name stands for: "N" (how rowgrove names its

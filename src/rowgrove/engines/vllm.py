@@ -170,6 +170,60 @@ class VLLMEngine(RemoteEngine):
             post("/resume")
 
 
+    def _score(self, http: httpx.Client, url: str, ids: list[int]) -> list[float] | None:
+        """`POST /v1/completions` with `prompt_logprobs: 0` and one greedy token: vLLM's logprob of
+        each prompt token after its prefix (raw logprobs, the entry keyed by the token's id)."""
+        r = http.post(f"{url}/v1/completions", json={
+            "model": self.served_model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+            "prompt_logprobs": 0, "skip_special_tokens": False})
+        if r.status_code >= 400:
+            raise httpx.HTTPStatusError(f"POST /v1/completions with prompt_logprobs answered {r.status_code}: "
+                                        f"{r.text[:200]}", request=r.request, response=r)
+        choices = r.json().get("choices") or [{}]
+        plp = choices[0].get("prompt_logprobs")
+        if not isinstance(plp, list) or len(plp) != len(ids):
+            return None
+        out: list[float] = []
+        for entry, tid in zip(plp[1:], ids[1:], strict=True):
+            item = entry.get(str(tid)) if isinstance(entry, dict) else None
+            lp = item.get("logprob") if isinstance(item, dict) else None
+            if not isinstance(lp, int | float):
+                return None
+            out.append(float(lp))
+        return out
+
+    def _loadable(self, folder: Path, version: int) -> Path:
+        """A tied-embedding checkpoint without `lm_head.weight` is rewritten under `sync_dir` with
+        the head named: vLLM's in-place reload (vllm/model_executor/model_loader/reload/
+        layerwise.py) re-processes only layers it loaded a tensor into, and its CPU build keeps a
+        pre-packed copy of the output layer (dispatch_cpu_unquantized_gemm, called from
+        UnquantizedEmbeddingMethod.process_weights_after_loading), so without the name the head
+        stays old. Without `sync_dir` the folder is loaded as is and the sync check decides."""
+        from rowgrove.engines.verify import tied_without_head, with_tied_head
+
+        if self.sync_dir is None or not tied_without_head(folder):
+            return folder
+        from safetensors.torch import load_file
+
+        from rowgrove.engines.remote import write_checkpoint
+
+        tensors: dict[str, Any] = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            tensors.update(load_file(str(f)))
+        return write_checkpoint(with_tied_head(tensors, folder / "config.json"),
+                                self.sync_dir / f"v{version:06d}", self.model_path)
+
+    def _stale_hint(self, folder: Path) -> str:
+        from rowgrove.engines.verify import tied_without_head
+
+        if tied_without_head(folder):
+            return ("The model ties its embeddings and the checkpoint has no lm_head.weight: vLLM's CPU build "
+                    "keeps its old pre-packed output layer when reloading such a checkpoint. Sync a state dict "
+                    "(rowgrove writes lm_head.weight), give the engine a sync_dir so rowgrove rewrites the folder, "
+                    "or save the checkpoint with lm_head.weight.")
+        return super()._stale_hint(folder)
+
+
 def _probe_text() -> str:
     from rowgrove.engines.remote import PROBE_TEXT
 

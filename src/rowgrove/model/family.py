@@ -63,7 +63,8 @@ def _resolve(special_tokens: Sequence[str], extra_tokens: Sequence[str], eos_tok
 def family_config_hash(*, chat_template: str, special_tokens: Sequence[str], eos_tokens: Sequence[str],
                        eos_token: str | None = None, bos_token: str | None = None, pad_token: str | None = None,
                        extra_tokens: Sequence[str] = (), add_bos: bool = False, seed: int = 0, layers: int = 2,
-                       hidden: int = 64) -> str:
+                       hidden: int = 64, heads: int = tiny.DEFAULT_HEADS,
+                       tie_embeddings: bool = tiny.DEFAULT_TIE) -> str:
     """A short hash naming one family-model configuration, the family builder version and the
     tiny tokenizer it starts from."""
     specials, extra, eos = _resolve(special_tokens, extra_tokens, eos_tokens, eos_token, bos_token, pad_token)
@@ -73,6 +74,10 @@ def family_config_hash(*, chat_template: str, special_tokens: Sequence[str], eos
            "special": specials, "extra": extra, "eos_tokens": list(eos_tokens), "eos": eos,
            "bos": bos_token, "pad": pad_token, "add_bos": add_bos, "seed": seed,
            "layers": layers, "hidden": hidden}
+    if heads != tiny.DEFAULT_HEADS:  # only when not the default, so default builds keep their names
+        cfg["heads"] = heads
+    if tie_embeddings != tiny.DEFAULT_TIE:
+        cfg["tie_embeddings"] = tie_embeddings
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -105,7 +110,7 @@ def _family_tokenizer(seed: int, specials: Sequence[str], extra: Sequence[str], 
 
 def _write(out: Path, *, chat_template: str, specials: list[str], extra: list[str], eos_tokens: Sequence[str],
            eos: str, bos: str | None, pad: str | None, add_bos: bool, seed: int, layers: int, hidden: int,
-           chash: str) -> None:
+           chash: str, heads: int = tiny.DEFAULT_HEADS, tie_embeddings: bool = tiny.DEFAULT_TIE) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -121,10 +126,11 @@ def _write(out: Path, *, chat_template: str, specials: list[str], extra: list[st
         return None if t is None else raw.token_to_id(t)
 
     eos_ids = [tid(t) for t in eos_tokens]
+    n_heads, n_kv = tiny.attention_layout(hidden, heads)
     config = LlamaConfig(
         vocab_size=raw.get_vocab_size(), hidden_size=hidden, intermediate_size=hidden * 2,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=8192, tie_word_embeddings=True,
+        num_hidden_layers=layers, num_attention_heads=n_heads, num_key_value_heads=n_kv,
+        max_position_embeddings=8192, tie_word_embeddings=tie_embeddings,
         bos_token_id=tid(bos), eos_token_id=eos_ids, pad_token_id=tid(pad),
     )
     config.tokenizer_class = "PreTrainedTokenizerFast"
@@ -140,10 +146,11 @@ def _write(out: Path, *, chat_template: str, specials: list[str], extra: list[st
     tcfg = json.loads(cfg_path.read_text())
     tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg_path.write_text(json.dumps(tcfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-    (out / MARKER).write_text(json.dumps(
-        {"config_hash": chash, "eos_tokens": list(eos_tokens), "special_tokens": specials, "extra_tokens": extra,
-         "bos": bos, "eos": eos, "pad": pad, "add_bos": add_bos, "seed": seed, "layers": layers,
-         "hidden": hidden}, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    marker = {"config_hash": chash, "eos_tokens": list(eos_tokens), "special_tokens": specials, "extra_tokens": extra,
+              "bos": bos, "eos": eos, "pad": pad, "add_bos": add_bos, "seed": seed, "layers": layers, "hidden": hidden}
+    if heads != tiny.DEFAULT_HEADS or tie_embeddings != tiny.DEFAULT_TIE:
+        marker.update(heads=heads, tie_embeddings=tie_embeddings)
+    (out / MARKER).write_text(json.dumps(marker, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _complete_hash(path: Path) -> str | None:
@@ -156,7 +163,8 @@ def _complete_hash(path: Path) -> str | None:
 def build_family_model(out_dir: str | Path, *, chat_template: str, special_tokens: Sequence[str],
                        eos_tokens: Sequence[str], bos_token: str | None = None, pad_token: str | None = None,
                        extra_tokens: Sequence[str] = (), seed: int = 0, eos_token: str | None = None,
-                       add_bos: bool = False, layers: int = 2, hidden: int = 64) -> Path:
+                       add_bos: bool = False, layers: int = 2, hidden: int = 64, heads: int = tiny.DEFAULT_HEADS,
+                       tie_embeddings: bool = tiny.DEFAULT_TIE) -> Path:
     """Build a tiny model of one family into `out_dir` and return it as a Path.
 
     `special_tokens` become special added tokens, `extra_tokens` non-special ones; `bos_token`,
@@ -164,7 +172,9 @@ def build_family_model(out_dir: str | Path, *, chat_template: str, special_token
     `eos_tokens` are the ids written to generation_config.json / config.json `eos_token_id` (a
     list, in this order); `eos_token` is the tokenizer's eos (tokenizer_config.json), by default
     `eos_tokens[0]`. `chat_template` is saved as chat_template.jinja. `add_bos`: the tokenizer
-    prepends `bos_token` when asked to add special tokens.
+    prepends `bos_token` when asked to add special tokens. `heads` / `tie_embeddings`: as in
+    `rowgrove.model.tiny.build_tiny_model` (`**tiny.servable_kwargs()` gives a folder vLLM's CPU
+    engine can serve).
 
     Deterministic (same arguments -> byte-identical files) and cached: a folder already holding a
     complete build of the same configuration is returned untouched; a folder holding another
@@ -176,12 +186,15 @@ def build_family_model(out_dir: str | Path, *, chat_template: str, special_token
     if hidden % 4 or hidden < 8 or layers < 1:
         raise InputError("family model needs hidden a multiple of 4 (>= 8) and layers >= 1, "
                          f"got hidden={hidden}, layers={layers}")
+    tiny.attention_layout(hidden, heads)
     specials, extra, eos = _resolve(special_tokens, extra_tokens, eos_tokens, eos_token, bos_token, pad_token)
     chash = family_config_hash(chat_template=chat_template, special_tokens=special_tokens, eos_tokens=eos_tokens,
                                eos_token=eos_token, bos_token=bos_token, pad_token=pad_token,
-                               extra_tokens=extra_tokens, add_bos=add_bos, seed=seed, layers=layers, hidden=hidden)
+                               extra_tokens=extra_tokens, add_bos=add_bos, seed=seed, layers=layers, hidden=hidden,
+                               heads=heads, tie_embeddings=tie_embeddings)
     out = Path(out_dir)
     return tiny._build_cached(out, chash, lambda tmp: _write(
         tmp, chat_template=chat_template, specials=specials, extra=extra, eos_tokens=list(eos_tokens), eos=eos,
-        bos=bos_token, pad=pad_token, add_bos=add_bos, seed=seed, layers=layers, hidden=hidden, chash=chash),
+        bos=bos_token, pad=pad_token, add_bos=add_bos, seed=seed, layers=layers, hidden=hidden, chash=chash,
+        heads=heads, tie_embeddings=tie_embeddings),
         complete_hash=_complete_hash, kind="family-model")

@@ -49,11 +49,24 @@ _NAMES = ("get_weather", "search", "read_file", "calculator", "add", "lookup", "
 _KEYS = ("city", "query", "path", "a", "b", "x", "unit", "limit", "expression", "text")
 
 
+# The attention layout and embedding tying of the default build: 4 heads (2 key/value heads) and
+# tied embeddings. At the default hidden size 64 that is head_dim 16, which vLLM's CPU attention
+# refuses (it takes head_dim 32..512): `servable_kwargs()` gives a build vLLM can serve.
+DEFAULT_HEADS = 4
+DEFAULT_TIE = True
+
+
 def config_hash(*, template: str, seed: int, layers: int, hidden: int, vocab_size: int,
-                extra_corpus: Sequence[str]) -> str:
-    """A short hash naming one tiny-model configuration (and the builder version)."""
-    cfg = {"builder": BUILDER_VERSION, "template": template, "seed": seed, "layers": layers,
-           "hidden": hidden, "vocab_size": vocab_size, "extra_corpus": list(extra_corpus)}
+                extra_corpus: Sequence[str], heads: int = DEFAULT_HEADS, tie_embeddings: bool = DEFAULT_TIE) -> str:
+    """A short hash naming one tiny-model configuration (and the builder version). `heads` and
+    `tie_embeddings` enter the hash only when they differ from the defaults, so the folders of
+    default builds keep their names."""
+    cfg: dict[str, object] = {"builder": BUILDER_VERSION, "template": template, "seed": seed, "layers": layers,
+                              "hidden": hidden, "vocab_size": vocab_size, "extra_corpus": list(extra_corpus)}
+    if heads != DEFAULT_HEADS:
+        cfg["heads"] = heads
+    if tie_embeddings != DEFAULT_TIE:
+        cfg["tie_embeddings"] = tie_embeddings
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -97,8 +110,25 @@ def _train_tokenizer(seed: int, vocab_size: int, extra: Sequence[str]):  # -> to
     return tok
 
 
+def attention_layout(hidden: int, heads: int) -> tuple[int, int]:
+    """(attention heads, key/value heads) for `heads` query heads at `hidden`: half as many
+    key/value heads (grouped-query attention, as the real families have), at least one.
+    InputError when `hidden` does not split into `heads` heads of an even size."""
+    if heads < 1 or hidden % heads or (hidden // heads) % 2:
+        raise InputError(f"hidden={hidden} does not split into heads={heads} heads of an even size: pick heads "
+                         "dividing hidden (vLLM's CPU attention also needs hidden/heads between 32 and 512)")
+    return heads, max(1, heads // 2)
+
+
+def servable_kwargs(hidden: int = 64) -> dict[str, int]:
+    """Build arguments that make a tiny model vLLM's CPU engine can serve: head_dim 32 (its CPU
+    attention takes head_dim 32..512 and kills the engine on the first request otherwise)."""
+    return {"hidden": hidden, "heads": max(1, hidden // 32)}
+
+
 def _write(out: Path, *, template: str, seed: int, layers: int, hidden: int, vocab_size: int,
-           extra_corpus: Sequence[str], chash: str) -> None:
+           extra_corpus: Sequence[str], chash: str, heads: int = DEFAULT_HEADS,
+           tie_embeddings: bool = DEFAULT_TIE) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -112,10 +142,11 @@ def _write(out: Path, *, template: str, seed: int, layers: int, hidden: int, voc
     tokenizer.save_pretrained(out)
 
     eot = raw.token_to_id(spec.end_of_turn)
+    n_heads, n_kv = attention_layout(hidden, heads)
     config = LlamaConfig(
         vocab_size=raw.get_vocab_size(), hidden_size=hidden, intermediate_size=hidden * 2,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=8192, tie_word_embeddings=True,
+        num_hidden_layers=layers, num_attention_heads=n_heads, num_key_value_heads=n_kv,
+        max_position_embeddings=8192, tie_word_embeddings=tie_embeddings,
         bos_token_id=raw.token_to_id(spec.bos) if spec.bos else None, eos_token_id=eot,
         pad_token_id=raw.token_to_id(PAD_TOKEN),
     )
@@ -133,9 +164,11 @@ def _write(out: Path, *, template: str, seed: int, layers: int, hidden: int, voc
     tcfg = json.loads(cfg_path.read_text())
     tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg_path.write_text(json.dumps(tcfg, indent=2, sort_keys=True) + "\n")
-    (out / MARKER).write_text(json.dumps({"config_hash": chash, "template": template, "seed": seed,
-                                          "layers": layers, "hidden": hidden, "vocab_size": vocab_size},
-                                         sort_keys=True) + "\n")
+    marker: dict[str, object] = {"config_hash": chash, "template": template, "seed": seed, "layers": layers,
+                                 "hidden": hidden, "vocab_size": vocab_size}
+    if heads != DEFAULT_HEADS or tie_embeddings != DEFAULT_TIE:
+        marker.update(heads=heads, tie_embeddings=tie_embeddings)
+    (out / MARKER).write_text(json.dumps(marker, sort_keys=True) + "\n")
 
 
 def _complete_hash(path: Path) -> str | None:
@@ -180,11 +213,17 @@ def _build_cached(out: Path, chash: str, write: Callable[[Path], None], *,
 
 
 def build_tiny_model(out_dir: str | Path, *, template: str = "chatml", seed: int = 0, layers: int = 2,
-                     hidden: int = 64, vocab_size: int = 1024, extra_corpus: Sequence[str] = ()) -> Path:
+                     hidden: int = 64, vocab_size: int = 1024, extra_corpus: Sequence[str] = (),
+                     heads: int = DEFAULT_HEADS, tie_embeddings: bool = DEFAULT_TIE) -> Path:
     """Build the tiny model into `out_dir` and return it as a Path.
 
     `vocab_size` is the BPE vocabulary including the 7 special tokens; the 6 tool/think tokens are
-    added on top (1030 ids by default). `extra_corpus` adds tokenizer training text.
+    added on top (1030 ids by default). `extra_corpus` adds tokenizer training text. `heads`: the
+    attention heads (key/value heads: half of them, at least one); `tie_embeddings`: whether the
+    output layer shares the input embedding (`tie_word_embeddings`, as Qwen3-0.6B and Llama 3.2 1B
+    have it) or has its own `lm_head.weight`. The default (hidden 64, 4 heads: head_dim 16) is
+    what the tests' literal values were recorded on; vLLM's CPU engine needs head_dim >= 32, so
+    a model to serve with real vLLM is built with `**servable_kwargs()` (hidden 64, 2 heads).
 
     Deterministic: the same arguments give byte-identical files. Cached: when `out_dir` already
     holds a complete build of the same configuration it is returned untouched. A directory holding
@@ -195,12 +234,14 @@ def build_tiny_model(out_dir: str | Path, *, template: str = "chatml", seed: int
         get_template(template)  # raises InputError naming the known templates
     if hidden % 4 or hidden < 8 or layers < 1:
         raise InputError(f"tiny model needs hidden a multiple of 4 (>= 8) and layers >= 1, got hidden={hidden}, layers={layers}")
+    attention_layout(hidden, heads)
     out = Path(out_dir)
-    chash = config_hash(template=template, seed=seed, layers=layers, hidden=hidden,
-                        vocab_size=vocab_size, extra_corpus=extra_corpus)
+    chash = config_hash(template=template, seed=seed, layers=layers, hidden=hidden, vocab_size=vocab_size,
+                        extra_corpus=extra_corpus, heads=heads, tie_embeddings=tie_embeddings)
     return _build_cached(out, chash, lambda tmp: _write(tmp, template=template, seed=seed, layers=layers,
                                                         hidden=hidden, vocab_size=vocab_size,
-                                                        extra_corpus=extra_corpus, chash=chash))
+                                                        extra_corpus=extra_corpus, chash=chash, heads=heads,
+                                                        tie_embeddings=tie_embeddings))
 
 
 def cache_root() -> Path:

@@ -29,7 +29,10 @@ Where each shape comes from (vllm-project/vllm at the commits named):
 
 What the stand-in does not do (400 with a message naming the field, never silently ignored):
 n > 1, batched prompts, echo, beam search, top_k / min_p / penalties other than "off",
-ignore_eos, min_tokens, logit_bias, allowed_token_ids, prompt_logprobs, structured outputs.
+ignore_eos, min_tokens, logit_bias, allowed_token_ids, prompt_logprobs in a stream, structured
+outputs. `prompt_logprobs: k` (non-streamed) is answered as vLLM does (CS: `[null, {"<id>":
+{"logprob", "rank", "decoded_token"}, ...}, ...]`, the prompt token's entry plus the k best), from
+one teacher-forced pass of the sampling model; rowgrove's weight-sync check reads it.
 Unknown fields are accepted, as vLLM does (EP: extra="allow"). The NCCL weight-transfer routes are
 not served (a stand-in has no NCCL group); weights load from disk through
 `/collective_rpc reload_weights`.
@@ -108,6 +111,7 @@ class _Request:
     include_stop_str: bool
     stop: tuple[str, ...]
     stop_token_ids: tuple[int, ...]
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -199,7 +203,7 @@ class VLLMStandin:
         for name, off in (("n", 1), ("echo", False), ("use_beam_search", False), ("top_k", None),
                           ("min_p", 0.0), ("repetition_penalty", 1.0), ("frequency_penalty", 0.0),
                           ("presence_penalty", 0.0), ("ignore_eos", False), ("min_tokens", 0),
-                          ("logit_bias", None), ("allowed_token_ids", None), ("prompt_logprobs", None),
+                          ("logit_bias", None), ("allowed_token_ids", None),
                           ("structured_outputs", None), ("prompt_embeds", None)):
             v = body.get(name)
             if v is None or v == off or (name == "top_k" and v in (0, -1)) or (name == "logit_bias" and v == {}):
@@ -278,6 +282,12 @@ class VLLMStandin:
                                       stop_token_ids=tuple(stop_ids), seed=seed, top_logprobs=logprobs or 0)
         except InputError as e:
             raise _Refusal(str(e)) from None
+        prompt_lps = get("prompt_logprobs", (int,), None, "an integer")
+        if prompt_lps is not None and (prompt_lps < -1 or prompt_lps > MAX_LOGPROBS):
+            raise _Refusal(f"`prompt_logprobs` must be between -1 and {MAX_LOGPROBS}", param="prompt_logprobs")
+        if prompt_lps is not None and stream:
+            raise _Refusal("the vLLM stand-in answers prompt_logprobs only without stream: leave it unset "
+                           "or set stream false", param="prompt_logprobs")
         opts = stream_options or {}
         return _Request(
             prompt=ids, sampling=sampling, logprobs=logprobs, stream=stream,
@@ -288,7 +298,34 @@ class VLLMStandin:
             skip_special=bool(get("skip_special_tokens", (bool,), True, "a boolean")),
             include_stop_str=bool(get("include_stop_str_in_output", (bool,), False, "a boolean")),
             stop=stop, stop_token_ids=tuple(stop_ids),
+            prompt_logprobs=None if prompt_lps is None else (self.vocab_size if prompt_lps == -1 else prompt_lps),
         )
+
+    def prompt_logprobs_obj(self, req: _Request) -> list[dict[str, Any] | None] | None:
+        """CS's `prompt_logprobs`: None for the first prompt token, then per token a dict keyed by
+        token id (as a string) of {logprob, rank, decoded_token}: the prompt token's own entry
+        first, then the k best (raw log_softmax of one teacher-forced pass of the sampling model)."""
+        if req.prompt_logprobs is None:
+            return None
+        import torch
+
+        model = self.engine.model
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([req.prompt], device=device), use_cache=False).logits[0].float()
+        logp_TV = torch.log_softmax(logits[:-1], dim=-1)
+        out: list[dict[str, Any] | None] = [None]
+        for row, tid in zip(logp_TV, req.prompt[1:], strict=True):
+            lp = float(row[tid])
+            entry = {str(tid): {"logprob": lp, "rank": int((row > row[tid]).sum()) + 1,
+                                "decoded_token": self.tokenizer.decode([tid])}}
+            if req.prompt_logprobs:
+                vals, idx = torch.topk(row, min(req.prompt_logprobs, row.numel()))
+                for rank, (v, t) in enumerate(zip(vals.tolist(), idx.tolist(), strict=True), start=1):
+                    entry.setdefault(str(t), {"logprob": float(v), "rank": rank,
+                                              "decoded_token": self.tokenizer.decode([t])})
+            out.append(entry)
+        return out
 
     # ---- sampling -------------------------------------------------------------------------
 
@@ -446,7 +483,7 @@ class VLLMStandin:
                 "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
                 "stop_reason": self.stop_reason(req, ids, finish),
                 "token_ids": out_ids if req.return_token_ids else None,
-                "prompt_logprobs": None,
+                "prompt_logprobs": self.prompt_logprobs_obj(req),
                 "prompt_token_ids": req.prompt if req.return_token_ids else None,
             }],
             "service_tier": None, "system_fingerprint": None,

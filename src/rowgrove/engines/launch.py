@@ -1,0 +1,226 @@
+"""Start a real `vllm serve` for rowgrove: the flags and environment it needs, in one place.
+
+The tests marked `vllm`, `scripts/gpu_check.sh` and `bench/bench_remote.py` all start their servers
+through `start_vllm`, so the first run on a GPU exercises the command line the CPU suite proved.
+
+    with start_vllm(model_folder, python=".venv-vllm/bin/python") as server:
+        engine = make_engine("vllm", model_folder, url=server.url)
+
+What the command line holds and why (docs/engines.md, "Starting vLLM"):
+
+- `--logprobs-mode raw_logprobs`: logprobs of the raw logits (temperature 1, before top-k/top-p),
+  what the trainer's importance ratio compares against (vLLM's default, named so nobody changes it);
+- `--generation-config vllm`: no sampling defaults from generation_config.json (rowgrove sends
+  every sampling parameter anyway);
+- `--dtype float32` on CPU (the trainer's dtype, so logprobs compare exactly), `--enforce-eager`
+  on CPU (torch.compile doubles start-up to 45-100 s for no gain on a tiny model);
+- environment `VLLM_SERVER_DEV_MODE=1`: the weight-sync routes (`/pause`, `/collective_rpc`,
+  `/reset_prefix_cache`, `/update_weight_version`, `/resume`) are development routes;
+- on CPU: `VLLM_TARGET_DEVICE=cpu`, `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache), a writable
+  `VLLM_CACHE_ROOT`, `HF_HUB_OFFLINE=1` (the model is a local folder; nothing is downloaded).
+
+The server runs in its own process group and `stop()` ends that group (the engine core is a child
+process of the API server), so nothing outlives the `with` block.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from rowgrove.errors import EngineError
+
+# The flags every rowgrove-driven vLLM gets (see the module docstring for why each one).
+BASE_FLAGS = ("--logprobs-mode", "raw_logprobs", "--generation-config", "vllm")
+CPU_FLAGS = ("--dtype", "float32", "--enforce-eager", "--max-model-len", "4096")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def default_vllm_python() -> Path | None:
+    """The python of the environment vLLM is installed in: $ROWGROVE_VLLM_PYTHON, else the
+    checkout's `.venv-vllm/bin/python` (scripts/install_vllm_env.sh), else None."""
+    env = os.environ.get("ROWGROVE_VLLM_PYTHON")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+    return here if here.is_file() else None
+
+
+def vllm_env(*, device: str = "cpu", cache_root: str | Path | None = None, kv_cache_gib: int = 1,
+             omp_threads: int | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a `vllm serve` rowgrove drives: dev mode (weight routes) everywhere, and
+    on CPU the device, KV-cache size, a writable cache root and offline hub."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["VLLM_CACHE_ROOT"] = str(cache_root or Path(tempfile.gettempdir()) / "rowgrove-vllm-cache")
+    env.pop("VIRTUAL_ENV", None)
+    if device == "cpu":
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+        if omp_threads is not None:
+            env["OMP_NUM_THREADS"] = str(omp_threads)
+    return env
+
+
+def vllm_command(python: str | Path, model: str | Path, port: int, *, device: str = "cpu",
+                 served_model: str | None = None, extra_args: Sequence[str] = ()) -> list[str]:
+    """The `vllm serve` command line rowgrove starts (run with `vllm_env`)."""
+    cmd = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", str(model),
+           "--host", "127.0.0.1", "--port", str(port), *BASE_FLAGS]
+    if device == "cpu":
+        cmd += CPU_FLAGS
+    if served_model:
+        cmd += ["--served-model-name", served_model]
+    return cmd + list(extra_args)
+
+
+@dataclass
+class VLLMServer:
+    """A running `vllm serve` started by `start_vllm`; `stop()` (or leaving `with`) ends it."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    model: Path
+    startup_s: float = 0.0
+    _log: object = field(default=None, repr=False)
+
+    def log_tail(self, n: int = 40) -> str:
+        """The last `n` lines of the server's log (start-up errors show here)."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """End the server's whole process group: SIGTERM, then SIGKILL after `timeout` seconds."""
+        if self.process.poll() is None:
+            for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(self.process.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.process.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        try:  # children of the group that outlived the leader
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self._log is not None:
+            self._log.close()  # type: ignore[attr-defined]
+            self._log = None
+
+    def __enter__(self) -> VLLMServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_vllm(model: str | Path, *, python: str | Path | None = None, port: int | None = None,
+               device: str = "cpu", served_model: str | None = None, extra_args: Sequence[str] = (),
+               log_path: str | Path | None = None, startup_timeout: float = 240.0,
+               env: Mapping[str, str] | None = None, kv_cache_gib: int = 1,
+               omp_threads: int | None = None) -> VLLMServer:
+    """Start `vllm serve model` on 127.0.0.1 and return once `/health` answers 200.
+
+    `python`: the interpreter of vLLM's environment (default `default_vllm_python()`). `port`:
+    default a free one. The server's output goes to `log_path` (default a temporary file).
+    EngineError (naming the log and its last lines) when vLLM is not installed there, the process
+    exits, or `/health` is not 200 within `startup_timeout` seconds; the process is ended then.
+    """
+    python = Path(python) if python is not None else default_vllm_python()
+    if python is None or not Path(python).is_file():
+        raise EngineError(f"no vLLM environment at {python or '.venv-vllm/bin/python'}: run "
+                          "scripts/install_vllm_env.sh, or set ROWGROVE_VLLM_PYTHON to the python of one")
+    port = port or free_port()
+    log = Path(log_path) if log_path is not None else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
+    cmd = vllm_command(python, model, port, device=device, served_model=served_model, extra_args=extra_args)
+    full_env = vllm_env(device=device, kv_cache_gib=kv_cache_gib, omp_threads=omp_threads, base=env)
+    handle = open(log, "wb")  # noqa: SIM115 - closed by stop()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    server = VLLMServer(url=f"http://127.0.0.1:{port}", process=proc, log_path=log, model=Path(model), _log=handle)
+    deadline = t0 + startup_timeout
+    with httpx.Client(timeout=2.0) as http:
+        while True:
+            if proc.poll() is not None:
+                server.stop()
+                raise EngineError(f"vllm serve {model} exited with code {proc.returncode} during start-up "
+                                  f"(log {log}):\n{server.log_tail()}")
+            try:
+                if http.get(f"{server.url}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                server.stop()
+                raise EngineError(f"vllm serve {model} did not answer /health within {startup_timeout:.0f} s "
+                                  f"(log {log}):\n{server.log_tail()}")
+            time.sleep(0.5)
+    server.startup_s = time.monotonic() - t0
+    return server
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m rowgrove.engines.launch MODEL [--port N] [--device cpu|cuda] [-- EXTRA...]`:
+    start vLLM the way rowgrove does, print its URL, serve until interrupted (scripts use this)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m rowgrove.engines.launch", description=main.__doc__)
+    ap.add_argument("model")
+    ap.add_argument("--port", type=int, default=None)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--python", default=None, help="python of vLLM's environment")
+    ap.add_argument("--log", default=None)
+    ap.add_argument("--startup-timeout", type=float, default=240.0)
+    ap.add_argument("extra", nargs="*", help="more `vllm serve` flags, after --")
+    args = ap.parse_args(argv)
+    try:
+        server = start_vllm(args.model, python=args.python, port=args.port, device=args.device,
+                            extra_args=args.extra, log_path=args.log, startup_timeout=args.startup_timeout)
+    except EngineError as e:
+        print(f"launch: {e}", flush=True)
+        return 1
+    print(server.url, flush=True)
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        while not stop and server.alive():
+            time.sleep(0.5)
+    finally:
+        server.stop()
+    return 0 if stop else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
