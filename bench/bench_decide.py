@@ -75,8 +75,9 @@ def run_once(renderer: Any, msgs: list[dict[str, Any]], replies: list[dict[str, 
         body = format_assistant_text(None, [(fn["name"], json.loads(fn["arguments"]))])
         sampled = tok.encode(body, add_special_tokens=False) + [renderer.end_of_turn_id]
         summary, _ = D.summary_hashes(d, reply)
+        extra = {"window": d.window} if hasattr(d, "window") else {}  # the window path's facts (absent before)
         index.add_call(f"c{k}", summary, d.full_prompt_ids + sampled, parent_id=d.parent_id,
-                       context_text=d.context_text + renderer.decode(sampled))
+                       context_text=d.context_text + renderer.decode(sampled), **extra)
     return times
 
 

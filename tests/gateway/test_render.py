@@ -207,7 +207,8 @@ def test_fast_render_equals_apply_chat_template_and_is_trusted_only_after_it_mat
             assert r.render_root(msgs, tools) == tok.encode(_apply(tok, msgs, tools), add_special_tokens=False)
 
         check()
-        assert r._fast_ok and all(r._fast_ok.values())
+        verdicts = {**r._fast_ok, **r._fast_verified}  # the jinja2 direct render's, the MiniJinja path's
+        assert verdicts and all(verdicts.values())
 
 
 def test_fast_render_that_disagrees_once_is_never_used(renderers):
@@ -218,7 +219,27 @@ def test_fast_render_that_disagrees_once_is_never_used(renderers):
             return "not what the template writes"
 
     r._template = Wrong()
+    r.fast = None  # the jinja2 direct render alone (the MiniJinja path: the next test)
     msgs = [{"role": "user", "content": "hi"}]
     want = _apply(r.tokenizer, msgs)
     assert r.render_text(msgs) == want and r.render_text(msgs) == want
     assert list(r._fast_ok.values()) == [False]
+
+
+def test_minijinja_path_that_disagrees_once_is_never_used(renderers):
+    from rowgrove.gateway.incremental import MARK, VMARK
+
+    r = Renderer(renderers["chatml"].tokenizer)
+    assert r.fast is not None, r.fast_declined
+    calls = []
+
+    class Wrong:
+        def render(self, *a, **kw):
+            calls.append(1)
+            return "not" + MARK + VMARK + VMARK + " what the template writes"
+
+    r.fast = Wrong()
+    msgs = [{"role": "user", "content": "hi"}]
+    want = _apply(r.tokenizer, msgs)
+    assert r.render_text(msgs) == want and r.render_text(msgs) == want
+    assert list(r._fast_verified.values()) == [False] and len(calls) == 1

@@ -81,11 +81,34 @@ class Decision:
     drift: bool = False
     images: list[Any] = field(default_factory=list)     # the full prompt's images, in order (vision models)
     messages: list[Any] | None = None                   # the request's messages as hashed (file URLs as stored refs)
+    window: WindowInfo | None = None                    # what this call's children need for the window path
 
     @property
     def root(self) -> bool:
         """True for a root (no parent)."""
         return self.parent_id is None
+
+
+@dataclass(frozen=True)
+class WindowInfo:
+    """What a call's children need to render only their window (`render.Renderer.fast_window`):
+    the raw-prefix identity of its request (`RolloutIndex.last_states[-1]`), the template's text
+    before the first message (`pre`) and its loop-body variables (`v`) for that request, `tail`,
+    the text the template wrote for the request's last message and the generation prompt, and
+    `prompt_len`, the length of the rendered prompt text, which the call's context text starts
+    with (only a root or an exact continuation has window facts)."""
+
+    state: Any
+    pre: str
+    v: str
+    tail: str
+    prompt_len: int
+
+
+def _window_info(state: Any, split: Any, prompt_len: int) -> WindowInfo | None:
+    if split is None or not split.items:
+        return None
+    return WindowInfo(state, split.pre, split.v, split.items[-1], prompt_len)
 
 
 def summary_hashes(decision: Decision, response: Mapping[str, Any]) -> tuple[str, str]:
@@ -128,6 +151,11 @@ class RolloutIndex:
         # image places (message, part, pixel digest): the kept-image check (gateway.images)
         self._by_blind: dict[str, list[str]] = {}
         self._images: dict[str, list[tuple[int, int, str]]] = {}
+        # the window path (render.Renderer.fast_window): each call's window facts, and the
+        # prepared messages of recent requests by the identity of their raw prefix
+        self._windows: dict[str, WindowInfo] = {}
+        self._prepared: OrderedDict[Any, list[dict[str, Any]]] = OrderedDict()
+        self.last_states: list[Any] = []  # the raw-prefix identity after each message of the latest `chain`
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -138,7 +166,8 @@ class RolloutIndex:
     # -- adding calls ---------------------------------------------------------------------------
 
     def add_call(self, call_id: str, summary_hash: str, context_ids: np.ndarray | Sequence[int], *,
-                 parent_id: str | None = None, context_text: str | None = None) -> None:
+                 parent_id: str | None = None, context_text: str | None = None,
+                 window: WindowInfo | None = None) -> None:
         """Record a completed call: `context_ids` = its full prompt + its sampled ids, and
         `context_text` the exact text they encode (the rendered prompt + the sampled ids decoded;
         decoded from the ids when first needed if not given).
@@ -167,6 +196,34 @@ class RolloutIndex:
         self._insert(_Node(call_id, parent, np.asarray(ctx[start:], dtype=np.int32), text), summary_hash, ctx)
         if context_text is not None:
             self._remember_text(call_id, context_text)
+        if window is not None and context_text is not None:
+            self._windows[call_id] = window
+
+    def window(self, call_id: str) -> WindowInfo | None:
+        """The window facts of completed call `call_id` (None: its children render in full)."""
+        return self._windows.get(call_id)
+
+    def prepared(self, messages: Sequence[Any], renderer: Renderer) -> list[dict[str, Any]]:
+        """`renderer.prepare(messages)` of the messages the latest `chain` hashed, reusing the
+        prepared prefix of a recent request whose raw messages this one starts with."""
+        states = self.last_states
+        n = len(messages)
+        if len(states) != n:  # `chain` was not this index's (a subclass that hashes on its own)
+            return renderer.prepare(messages)
+        k = n - 1
+        while k >= 0 and n - k <= 8 and states[k] not in self._prepared:
+            k -= 1
+        if k >= 0 and states[k] in self._prepared:
+            head = self._prepared[states[k]]
+            out = head + renderer.prepare(messages[k + 1:], k + 1)
+        else:
+            out = renderer.prepare(messages)
+        if n:
+            self._prepared[states[-1]] = out
+            self._prepared.move_to_end(states[-1])
+            while len(self._prepared) > RECENT_CONTEXTS:
+                self._prepared.popitem(last=False)
+        return out
 
     def add_images(self, call_id: str, blind_summary: str, places: Sequence[tuple[int, int, str]]) -> None:
         """Record the image-blind summary and image places of completed call `call_id` (a call
@@ -322,6 +379,7 @@ class RolloutIndex:
         Only the remaining new messages are canonicalized and checked."""
         memo = self._memo
         out: list[bytes] = []
+        states: list[Any] = []
         h = h0
         state: Any = h0  # identity of the raw prefix so far
         start = 0
@@ -334,6 +392,7 @@ class RolloutIndex:
                 if snap.h0 == h0 and start < snap.n <= len(messages) and (
                         blob == snap.blob if snap.n == len(messages) else blob.startswith(snap.opened)):
                     start, out, state = snap.n, list(snap.chain), snap.state
+                    states = list(snap.states)
                     h = out[-1]
         for i in range(start, len(messages)):
             m = messages[i]
@@ -351,8 +410,10 @@ class RolloutIndex:
             else:
                 h, state = hit
             out.append(h)
+            states.append(state)
+        self.last_states = states
         if blob is not None and start < len(messages):
-            self._snapshots.insert(0, _Snapshot(h0, blob, len(messages), tuple(out), state))
+            self._snapshots.insert(0, _Snapshot(h0, blob, len(messages), tuple(out), tuple(states)))
             del self._snapshots[SNAPSHOTS:]
         return out
 
@@ -362,10 +423,11 @@ class _Snapshot:
     start with these messages (the usual case: the previous request + the reply + new messages)
     reuses the chain after one C-speed `orjson.dumps` and a byte comparison."""
 
-    __slots__ = ("blob", "chain", "h0", "n", "opened", "state")
+    __slots__ = ("blob", "chain", "h0", "n", "opened", "state", "states")
 
-    def __init__(self, h0: bytes, blob: bytes, n: int, chain: tuple[bytes, ...], state: Any):
-        self.h0, self.blob, self.n, self.chain, self.state = h0, blob, n, chain, state
+    def __init__(self, h0: bytes, blob: bytes, n: int, chain: tuple[bytes, ...], states: tuple[Any, ...]):
+        self.h0, self.blob, self.n, self.chain, self.states = h0, blob, n, chain, states
+        self.state = states[-1]
         self.opened = blob[:-1] + b","  # "[m1,...,mn," : what a longer request starts with
 
 
@@ -392,13 +454,17 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
 
         messages, images = load_request_images(messages, folder=vision.folder, lookup=vision.lookup)
     h0 = chain_start(tools, options)
+    index.last_states = []
     chain = index.chain(messages, h0)
+    states = index.last_states if len(index.last_states) == len(messages) else [object()] * len(messages)
     request_hash = chain[-1].hex()
+    prepared = index.prepared(messages, renderer) if renderer.fast is not None else None
 
     def root(reason: str) -> Decision:
-        r = renderer.root(messages, tools, options)
+        r = renderer.root(messages, tools, options, prepared=prepared)
+        window = _window_info(states[-1], renderer.last_split, len(r.text)) if prepared is not None else None
         return Decision(None, r.ids, r.ids, request_hash, chain, reason, context_text=r.text,
-                        images=images, messages=messages)
+                        images=images, messages=messages, window=window)
 
     j = len(messages) - 1
     while j >= 0 and messages[j].get("role") != "assistant":
@@ -420,11 +486,54 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
     if last is None or last not in renderer.stop_ids:
         return root(PARENT_NO_EOT)
     parent_text = index.context_text(parent, renderer.decode)
-    new = renderer.continuation(messages, j, parent_text, last, tools, options)
+    if prepared is not None:
+        fast = _window_continuation(index, parent, parent_text, last, j, prepared, states, renderer, tools, options)
+        if fast is not None:
+            ids, rest, window = fast
+            return Decision(parent, ids, index.context_list(parent) + ids, request_hash, chain, CONTINUATION,
+                            context_text=parent_text + rest, images=images, messages=messages, window=window)
+    new = renderer.continuation(messages, j, parent_text, last, tools, options, prepared=prepared)
     if new is None:
         return root(NOT_SPLITTABLE)
+    window = None
+    if prepared is not None and not new.drift:
+        window = _window_info(states[-1], renderer.last_split, len(parent_text) + len(new.text))
     return Decision(parent, new.ids, index.context_list(parent) + new.ids, request_hash, chain, CONTINUATION,
-                    context_text=parent_text + new.text, drift=new.drift, images=images, messages=messages)
+                    context_text=parent_text + new.text, drift=new.drift, images=images, messages=messages,
+                    window=window)
+
+
+def _window_continuation(index: RolloutIndex, parent: str, parent_text: str, last: int, j: int,
+                         prepared: list[dict[str, Any]], states: list[Any], renderer: Renderer,
+                         tools: Sequence[Any] | None, options: Mapping[str, Any] | None
+                         ) -> tuple[list[int], str, WindowInfo] | None:
+    """(new ids, their text, the call's window facts) of an exact continuation found by rendering
+    only the window from the parent's last request message, or None (the caller renders in full).
+
+    With T the whole rendering and X the text before the parent request's last message, the
+    window proof (`rowgrove.gateway.incremental`) gives T = X + window and, for the parent,
+    T_p = X + tail_p when the parent's request is byte-for-byte this request's first j messages
+    and the template's `pre` and loop variables `v` are unchanged. The parent's context is
+    T_p + sampled, so T starts with it exactly when the window starts with tail_p + sampled, and
+    the new part is the rest of the window: the same text, and so the same ids, as the whole
+    rendering gives."""
+    info = index.window(parent)
+    if info is None or j < 1 or states[j - 1] != info.state:
+        return None
+    back = len(prepared) - (j - 1)
+    split = renderer.fast_window(prepared, tools, options, back)
+    if split is None or split.pre != info.pre or split.v != info.v:
+        return None
+    sampled = parent_text[info.prompt_len:]
+    window = "".join(split.items)
+    cut = len(info.tail) + len(sampled)
+    if not (window.startswith(info.tail) and window.startswith(sampled, len(info.tail)) and len(window) > cut):
+        return None
+    rest = window[cut:]
+    ids = renderer._after(last, rest)
+    if ids is None:
+        return None
+    return ids, rest, WindowInfo(states[-1], info.pre, info.v, split.items[-1], len(parent_text) + len(rest))
 
 
 # -- validation ------------------------------------------------------------------------------------

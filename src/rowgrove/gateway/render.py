@@ -99,6 +99,14 @@ class Renderer:
         self._backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
         self._template = _compiled_template(tokenizer)
         self._special = dict(tokenizer.special_tokens_map)
+        # the fast path (rowgrove.gateway.window): MiniJinja over the template's window form,
+        # trusted per (tools, options) once it matched apply_chat_template
+        from rowgrove.gateway.window import fast_engine
+
+        self.fast, self.fast_declined = fast_engine(tokenizer.chat_template, self._special) \
+            if vision is None else (None, "a vision model (images are expanded after rendering)")
+        self._fast_verified: dict[bytes, bool] = {}
+        self.last_split: Any = None  # the window split of the latest full render (window.Split) or None
         self.content_format = detect_content_format(tokenizer.chat_template)
         self._fast_ok: dict[bytes, bool] = {}
         self._prepared: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
@@ -121,20 +129,22 @@ class Renderer:
 
     # -- rendering ------------------------------------------------------------------------------
 
-    def prepare(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def prepare(self, messages: Sequence[Mapping[str, Any]], start: int = 0) -> list[dict[str, Any]]:
         """The messages as the engine's chat endpoint hands them to the template
-        (`preprocess.engine_message`), memoized by each message's raw JSON."""
+        (`preprocess.engine_message`), memoized by each message's raw JSON. `start`: the index of
+        `messages[0]` in its request (for error messages)."""
         out = []
         cache = self._prepared
-        for i, m in enumerate(messages):
+        media = self.vision is not None
+        for i, m in enumerate(messages, start):
             try:
                 key = orjson.dumps(m)
             except (orjson.JSONEncodeError, TypeError):
-                out.append(engine_message(m, i, self.content_format, media=self.vision is not None))
+                out.append(engine_message(m, i, self.content_format, media=media))
                 continue
             hit = cache.get(key)
             if hit is None:
-                hit = engine_message(m, i, self.content_format, media=self.vision is not None)
+                hit = engine_message(m, i, self.content_format, media=media)
                 cache[key] = hit
                 if len(cache) > _PREPARED_CACHE:
                     cache.popitem(last=False)
@@ -155,26 +165,33 @@ class Renderer:
         return self.root(messages, tools, options).ids
 
     def root(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
-             options: Mapping[str, Any] | None = None) -> Rendered:
-        """`render_root` with the text the ids encode."""
-        text = self.render_text(messages, tools, options)
+             options: Mapping[str, Any] | None = None, *, prepared: list[dict[str, Any]] | None = None) -> Rendered:
+        """`render_root` with the text the ids encode. `prepared`: `prepare(messages)`, when the
+        caller has it."""
+        if prepared is None:
+            prepared = self.prepare(messages)
+        text = self._render(prepared, tools, options, True)
         return Rendered(self.encode(text), text)
 
     def continuation(self, messages: Sequence[Mapping[str, Any]], j: int, parent_text: str, parent_last: int,
-                     tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None) -> Continuation | None:
+                     tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None, *,
+                     prepared: list[dict[str, Any]] | None = None) -> Continuation | None:
         """What follows the parent's context when `messages[j]` is the parent's response and
         `messages[j+1:]` are new user/tool messages (see the module docstring). `parent_text` is
         the parent's context as text, `parent_last` its last (stop) token id. None when the new
         part cannot be determined exactly: the caller renders a root."""
         if parent_last not in self._added_text:
             return None
-        prepared = self.prepare(messages)
+        if prepared is None:
+            prepared = self.prepare(messages)
         text = self._render(prepared, tools, options, True)
         if text.startswith(parent_text) and len(text) > len(parent_text):
             rest = text[len(parent_text):]
             ids = self._after(parent_last, rest)
             return None if ids is None else Continuation(ids, rest, False)
+        whole = self.last_split  # the split of the request's own rendering, not of the probes below
         at = self._drift_boundary(prepared, j, text, tools, options, parent_last)
+        self.last_split = whole
         if at is None:
             return None
         marker_id, b = at
@@ -215,6 +232,11 @@ class Renderer:
                 "or the tokenizer's own special tokens, not template variables; remove them",
                 param="chat_template_kwargs")
         tool_list = list(tools) if tools else None
+        self.last_split = None
+        if self.fast is not None:
+            text = self._fast_full(prepared, tool_list, opts, add_generation_prompt)
+            if text is not None:
+                return text
         try:
             key = _options_key(tool_list, opts) if self._template is not None else b""
             ok = self._fast_ok.get(key) if self._template is not None else False
@@ -231,6 +253,53 @@ class Renderer:
         except Exception as e:  # a template that raises is the request's problem, never a 500
             raise BadRequest(f"the chat template refused these messages: {_template_message(e)}",
                              param="messages", code="chat_template_error") from None
+
+    def _fast_full(self, prepared: list[dict[str, Any]], tools: list[Any] | None, opts: dict[str, Any],
+                   add_generation_prompt: bool) -> str | None:
+        """The whole rendering through the fast engine (setting `last_split`), or None where it
+        declines; the first render of each (tools, options, add_generation_prompt) is compared
+        with apply_chat_template, and a mismatch turns the fast path off for that key."""
+        from rowgrove.gateway.window import plain, split
+
+        key = _options_key(tools, opts) + (b"1" if add_generation_prompt else b"0")
+        if self._fast_verified.get(key) is False or not plain(tools) or not all(map(plain, prepared)):
+            return None
+        raw = self.fast.render(prepared, tools, opts, add_generation_prompt, 1 << 60)
+        parts = split(raw) if raw is not None else None
+        if parts is None:
+            return None
+        text = parts.text
+        if key not in self._fast_verified:
+            try:
+                ref = self.tokenizer.apply_chat_template(
+                    prepared, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **opts)
+            except Exception:
+                return None  # the slow path raises the template's own error
+            self._fast_verified[key] = ref == text
+            if ref != text:
+                return None
+        self.last_split = parts
+        return text
+
+    def fast_window(self, prepared: list[dict[str, Any]], tools: Sequence[Any] | None,
+                    options: Mapping[str, Any] | None, back: int) -> Any:
+        """The window render (`window.Split`) of the last `back` messages with the generation
+        prompt, or None where the fast path declines or has not been verified for these (tools,
+        options) by a full render."""
+        from rowgrove.gateway.window import plain, split
+
+        if self.fast is None:
+            return None
+        tool_list = list(tools) if tools else None
+        opts = dict(options or {})
+        if _RESERVED_OPTIONS.intersection(opts):
+            return None
+        key = _options_key(tool_list, opts) + b"1"
+        if self._fast_verified.get(key) is not True or not plain(tool_list) \
+                or not all(map(plain, prepared[-back:])):
+            return None
+        raw = self.fast.render(prepared, tool_list, opts, True, back)
+        return split(raw, back) if raw is not None else None
 
     def _direct(self, prepared: list[dict[str, Any]], tools: list[Any] | None, opts: dict[str, Any],
                 add_generation_prompt: bool) -> str:

@@ -524,7 +524,7 @@ class Gateway:
         if session.index is not None:
             text = None if plan.context_text is None else plan.context_text + self.renderer.decode(gen.token_ids)
             session.index.add_call(call.id, summary, plan.full_prompt_ids + list(gen.token_ids),
-                                   parent_id=plan.parent_id, context_text=text)
+                                   parent_id=plan.parent_id, context_text=text, window=plan.window)
             if plan.images and plan.messages is not None:
                 from rowgrove.gateway.images import blind_summary
                 from rowgrove.hashing import chain_start, message_hash

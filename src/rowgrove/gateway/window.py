@@ -1,0 +1,203 @@
+"""The fast renderer: a chat template's window form (`rowgrove.gateway.incremental`) rendered by
+MiniJinja, the Rust engine Hugging Face's text-generation-inference (TGI) renders chat templates
+with, in the environment `apply_chat_template` builds.
+
+Why it is exact, or declines:
+- the environment is transformers' (`chat_template_utils._compile_jinja_template`): trim_blocks,
+  lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, and its `tojson`
+  (`json.dumps(..., ensure_ascii=False)`, where MiniJinja's own escapes `<`, `>`, `&`, `'`);
+- the template may use only the filters, tests and string methods listed here, each one that
+  MiniJinja implements as Python does on the values a request can carry; any other name declines
+  (checked on the template's syntax tree once);
+- a value the template prints must be a string or an integer: printing a list, a mapping, a
+  float, a boolean or none differs between the engines (Python's repr against MiniJinja's), so
+  such a render raises and the caller renders with jinja2 instead; any MiniJinja error does the
+  same, so a template's own `raise_exception` message is always jinja2's;
+- strings holding U+001C..U+001F decline (Python's `str.strip` and `split` treat them as
+  whitespace, Rust's do not);
+- the caller compares the first render of each (tools, options) with `apply_chat_template`
+  before trusting it.
+
+`render(...)` returns the window text; `split(...)` takes it apart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.nodes as jn
+
+from rowgrove.gateway.incremental import MARK, VMARK, Window
+
+try:  # pinned in pyproject; without it every render goes through jinja2
+    import minijinja
+except ImportError:  # pragma: no cover
+    minijinja = None
+
+_FILTERS = frozenset({"tojson", "length", "trim", "upper", "lower", "items", "first", "last", "join",
+                      "default", "d", "list", "reverse", "count", "replace", "unique"})
+_TESTS = frozenset({"defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number",
+                    "integer", "true", "false", "boolean", "eq", "equalto", "ne", "in"})
+_METHODS = frozenset({"startswith", "endswith", "strip", "lstrip", "rstrip", "split", "items", "keys",
+                      "values", "get", "upper", "lower", "replace"})
+_GLOBALS = frozenset({"raise_exception", "strftime_now", "namespace", "range", "dict"})
+_ODD_SPACE = re.compile("[\x1c-\x1f]")
+
+
+class _Unprintable(Exception):
+    """A value whose printed form differs between the engines."""
+
+
+def _finalize(value: Any) -> Any:
+    if type(value) is str or type(value) is int:
+        return value
+    raise _Unprintable(type(value).__name__)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # transformers' tojson, byte for byte
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def supported(source: str) -> str | None:
+    """None when MiniJinja may render `source` (every filter, test, method and global it uses is
+    listed above, and it prints no `~` concatenation outside `raise_exception`), else why not."""
+    try:
+        ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
+    except jinja2.TemplateError as e:
+        return f"does not parse: {e}"
+    for node in ast.find_all(jn.Filter):
+        if node.name not in _FILTERS:
+            return f"filter {node.name}"
+    for node in ast.find_all(jn.Test):
+        if node.name not in _TESTS:
+            return f"test {node.name}"
+    raising = set()
+    for node in ast.find_all(jn.Call):
+        if isinstance(node.node, jn.Name) and node.node.name == "raise_exception":
+            raising.update(id(n) for n in node.find_all(jn.Node))
+        elif isinstance(node.node, jn.Getattr) and node.node.attr not in _METHODS:
+            return f"method {node.node.attr}"
+    for node in ast.find_all(jn.Concat | jn.Mod):
+        if id(node) not in raising:
+            return f"{type(node).__name__} outside raise_exception (stringifies values)"
+    for node in ast.find_all(jn.Slice):
+        step = node.step.node if isinstance(node.step, jn.Neg) else node.step
+        if step is not None and not (isinstance(step, jn.Const) and step.value == 1):
+            return "a slice step"
+    return None
+
+
+@dataclass(frozen=True)
+class Split:
+    """A window render taken apart: `pre` (before the first rendered message), `v` (the values of
+    the template's variables that its loop body reads), `items` (one per rendered message; the
+    last also holds what follows the loop, the generation prompt)."""
+
+    pre: str
+    v: str
+    items: list[str]
+
+    @property
+    def text(self) -> str:
+        """What the template writes for the rendered messages (pre + items)."""
+        return self.pre + "".join(self.items)
+
+
+def split(text: str, rendered: int | None = None) -> Split | None:
+    """`text` (a window render) taken apart, or None when its marks are not where the window form
+    puts them (message text that holds a mark). `rendered`: how many messages must be rendered."""
+    parts = text.split(MARK)
+    if len(parts) < 2:
+        if VMARK in text:
+            return None
+        return Split(text, "", []) if rendered in (None, 0) else None
+    head = parts[1]
+    if not head.startswith(VMARK):
+        return None
+    end = head.rfind(VMARK)
+    v, first = head[len(VMARK): end], head[end + len(VMARK):]
+    items = [first, *parts[2:]]
+    if VMARK in first or any(VMARK in p for p in parts[2:]) or VMARK in parts[0]:
+        return None
+    if rendered is not None and len(items) != rendered:
+        return None
+    return Split(parts[0], v, items)
+
+
+class FastEngine:
+    """MiniJinja over a template's window form; `render` returns None where it declines."""
+
+    def __init__(self, window: Window, special: Mapping[str, Any]):
+        self.window = window
+        env = minijinja.Environment()
+        env.trim_blocks = True
+        env.lstrip_blocks = True
+        env.keep_trailing_newline = False
+        env.pycompat = True
+        env.finalizer = _finalize
+        env.add_filter("tojson", _tojson)
+        env.add_function("raise_exception", _raise_exception)
+        env.add_function("strftime_now", _strftime_now)
+        env.add_template("window", window.source)
+        self._env = env
+        self._special = dict(special)
+
+    def render(self, prepared: Sequence[Mapping[str, Any]], tools: Any, opts: Mapping[str, Any],
+               add_generation_prompt: bool, back: int) -> str | None:
+        """The window text rendering the last `back` messages of the loop, or None (declined)."""
+        try:
+            return self._env.render_template(
+                "window", messages=prepared, tools=tools, documents=None,
+                add_generation_prompt=add_generation_prompt, rowgrove_back=back, rowgrove_mark=MARK,
+                rowgrove_vmark=VMARK, **{**self._special, **opts})
+        except Exception:  # any MiniJinja error: jinja2 renders it (and words its error)
+            return None
+
+
+def plain(value: Any) -> bool:
+    """Whether every string in `value` (a prepared message, tools) is free of the characters the
+    engines strip differently."""
+    if isinstance(value, str):
+        return _ODD_SPACE.search(value) is None
+    if isinstance(value, Mapping):
+        return all(plain(k) and plain(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(plain(v) for v in value)
+    return True
+
+
+def fast_engine(chat_template: str, special: Mapping[str, Any]) -> tuple[FastEngine | None, str]:
+    """The fast engine for `chat_template`, or None and why not."""
+    from rowgrove.gateway.incremental import analyse
+
+    if minijinja is None:
+        return None, "minijinja is not installed"
+    why = supported(chat_template)
+    if why is not None:
+        return None, f"MiniJinja may differ from jinja2 here ({why})"
+    window = analyse(chat_template)
+    if isinstance(window, str):
+        return None, window
+    try:
+        return FastEngine(window, special), ""
+    except Exception as e:
+        return None, f"MiniJinja cannot compile the template: {e}"
+
+
+__all__ = ["FastEngine", "Split", "fast_engine", "plain", "split", "supported"]
