@@ -34,6 +34,9 @@ class TrainConfig:
     servers at engine_url that serve the model folder; weights synced after every step)."""
     engine_url: str | None = None
     """The vllm/sglang server(s), comma-separated (a rollout's calls stay on one server)."""
+    sync_tolerance: float = 1e-3
+    """vllm/sglang: after each weight sync the server's logprobs on a probe must equal the trainer's
+    within this (largest absolute difference), else the run stops naming the server (inf: no check)."""
     off_policy_steps: int = 0
     """0: each step trains on rollouts sampled with its own weights; 1: the next step's rollouts
     are sampled while this step trains (one step off-policy; pair it with max_staleness)."""
@@ -138,6 +141,8 @@ class TrainConfig:
             problems.append(f"engine={self.engine!r} (use one of {', '.join(ENGINES)})")
         elif self.engine != "hf" and not self.engine_url:
             problems.append(f"engine={self.engine} needs engine_url, the address of the server (--engine-url)")
+        if not self.sync_tolerance >= 0:
+            problems.append(f"sync_tolerance={self.sync_tolerance} (must be >= 0; inf turns the check off)")
         if self.off_policy_steps not in (0, 1):
             problems.append(f"off_policy_steps={self.off_policy_steps} (must be 0 or 1)")
         if self.max_staleness is not None and self.max_staleness < 0:

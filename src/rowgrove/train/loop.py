@@ -178,6 +178,7 @@ def make_rollout_engine(cfg: TrainConfig, start_dir: Path, model: Any, tokenizer
 
     # the servers were started on the base folder (`--model`), whatever warm-up made of it
     return make_engine(cfg.engine, str(start_dir), url=cfg.engine_url, sync_dir=run_dir / "weights",
+                       sync_tolerance=cfg.sync_tolerance,
                        served_model=str(_served_dir(cfg)) if cfg.engine == "sglang" else None)
 
 
