@@ -4,7 +4,8 @@
 #
 # Why a separate environment: verl 0.9.1 caps transformers < 5.11 (5.10.4 resolves), rowgrove pins
 # transformers 5.23, so the two cannot share .venv. rowgrove goes in with --no-deps: the verl side
-# only needs rowgrove.types, rowgrove.algo and rowgrove.integrations (numpy, which verl brings).
+# only needs rowgrove.types, rowgrove.algo and rowgrove.integrations (numpy, which verl brings, and
+# the OpenAI SDK for the agent loop's agents, pinned below as rowgrove pins it).
 # verl's RayPPOTrainer and agent loop also import cachetools, uvicorn, fastapi, pyzmq and msgspec,
 # which verl does not declare: they are pinned below.
 #
@@ -18,11 +19,13 @@ set -euo pipefail
 VERL_VERSION="0.9.1"
 TORCH_VERSION="2.13.0"
 EXTRAS=("cachetools==8.0.2" "uvicorn==0.54.0" "fastapi==0.165.0" "pyzmq==27.3.0" "msgspec==0.23.0")
+# rowgrove's own pin of the OpenAI SDK: the "rowgrove" agent loop's agents are OpenAI clients
+ROWGROVE_DEPS=("openai==3.51.0")
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-${ROOT}/.venv-verl}"
 PYTHON="${PYTHON:-python3}"
 STAMP="${VENV}/.installed"
-WANT="verl==${VERL_VERSION} torch==${TORCH_VERSION} ${EXTRAS[*]} install_verl_env v1"
+WANT="verl==${VERL_VERSION} torch==${TORCH_VERSION} ${EXTRAS[*]} ${ROWGROVE_DEPS[*]} install_verl_env v2"
 
 if [[ -f "${STAMP}" && "$(cat "${STAMP}")" == "${WANT}" && -x "${VENV}/bin/python" ]]; then
     echo "install_verl_env: ${VENV} is up to date (${WANT})"
@@ -36,8 +39,8 @@ if [[ ! -x "${VENV}/bin/python" ]]; then
 fi
 PIP=("${VENV}/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install "torch==${TORCH_VERSION}"
-"${PIP[@]}" install "verl==${VERL_VERSION}" "torch==${TORCH_VERSION}" "${EXTRAS[@]}"
-# rowgrove itself, editable so the tests see this checkout; no deps (they are transformers 5.23 &c.)
+"${PIP[@]}" install "verl==${VERL_VERSION}" "torch==${TORCH_VERSION}" "${EXTRAS[@]}" "${ROWGROVE_DEPS[@]}"
+# rowgrove itself, editable so the tests see this checkout; no deps (they pin transformers 5.23)
 "${PIP[@]}" install --no-deps --no-build-isolation -e "${ROOT}" 2>/dev/null \
     || "${PIP[@]}" install --no-deps -e "${ROOT}"
 

@@ -119,3 +119,49 @@ def test_refusals_name_the_setting_and_use_algos_messages(verl_run):
     for setting in ("algorithm.adv_estimator=rowgrove", "policy_loss.loss_mode=rowgrove", "use_kl_loss=false",
                     ">= 12 rows (is 8)"):
         assert setting in ref["config"]
+
+
+@pytest.fixture(scope="module")
+def agent_loop_run(tmp_path_factory) -> tuple[dict, object]:
+    """verl's agent-loop instantiation of "rowgrove" (in .venv-verl) against a real gateway here."""
+    py = verl_python()
+    if not py.exists():
+        require_or_skip(f"no verl environment at {py}: run scripts/install_verl_env.sh (or set ROWGROVE_VERL_PYTHON)")
+    from rowgrove.gateway.testing import start_gateway
+    from rowgrove.model.load import model_dir
+
+    with start_gateway("tiny", engine="scripted", ledger=tmp_path_factory.mktemp("verl-loop") / "ledger.db") as gw:
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "integrations")])}
+        proc = subprocess.run([str(py), str(ROOT / "tests" / "integrations" / "verl_agent_side.py"), gw.url,
+                               str(model_dir("tiny"))], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        out = json.loads(proc.stdout)
+        rid = out["two_calls"]["extra_fields"]["rollout_id"]
+        rows = gw.rows(rid)["rows"]
+    return out, rows
+
+
+def test_agent_loop_is_registered_under_rowgrove(agent_loop_run):
+    out, _ = agent_loop_run
+    assert out["registered"] == {"_target_": "rowgrove.integrations.verl_agent_loop.RowgroveAgentLoop"}
+
+
+def test_agent_loop_output_is_the_gateways_row(agent_loop_run):
+    out, rows = agent_loop_run
+    res = out["two_calls"]
+    assert len(rows) == 1
+    row = rows[0]
+    start = row["loss_mask"].index(1)
+    assert res["prompt_ids"] == row["input_ids"][:start]
+    assert res["response_ids"] == row["input_ids"][start:]
+    assert res["response_mask"] == row["loss_mask"][start:]
+    assert 0 in res["response_mask"]  # the user turn between the two calls is context, not trained
+    assert res["response_logprobs"] == pytest.approx(row["logprobs"][start:], abs=1e-6)
+    assert res["reward_score"] == 1.0 and res["extra_fields"]["rowgrove_valid"] is True
+
+
+def test_agent_loop_refuses_a_rollout_that_became_several_rows(agent_loop_run):
+    out, _ = agent_loop_run
+    err = out["compacting"]["error"]
+    assert err.startswith("InputError") and "became 2 rows" in err and "rows_to_dataproto" in err
