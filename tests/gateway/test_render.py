@@ -59,8 +59,10 @@ def test_messages_reach_the_template_as_vllm_prepares_them():
 
 def test_content_format_is_detected_from_the_template_syntax():
     assert detect_content_format("{% for m in messages %}{{ m.content }}{% endfor %}") == STRING
-    assert detect_content_format("{% for m in messages %}{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}") == OPENAI
-    assert detect_content_format("{% for m in messages %}{% set c = m.content %}{% for p in c %}{{ p }}{% endfor %}{% endfor %}") == OPENAI
+    assert detect_content_format("{% for m in messages %}{% for p in m['content'] %}{{ p.text if p.type == 'text' }}{% endfor %}{% endfor %}") == OPENAI
+    assert detect_content_format("{% for m in messages %}{% set c = m.content %}{% for p in c %}{{ p['text'] if p['type'] }}{% endfor %}{% endfor %}") == OPENAI
+    # a loop over parts that never asks a part's type gets the string (it would print a repr)
+    assert detect_content_format("{% for m in messages %}{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}") == STRING
     assert detect_content_format("{% if %}") == STRING  # unparsable: the default
 
 

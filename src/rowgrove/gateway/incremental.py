@@ -13,8 +13,9 @@ whole request costs O(history) per call, O(T^2) per rollout. Most chat templates
 and write B(i) for message i from a small set of inputs only. This module proves that from the
 template's syntax tree (jinja2's parser, the one `apply_chat_template` compiles with) and, when it
 holds, rewrites the template into a *window* form that renders PRE and POST in full but B(i) only
-for i >= `rowgrove_from`, with a mark before each rendered B(i) and the values of PRE's variables
-that B reads after the first mark:
+for the last `rowgrove_back` messages, with a mark before each rendered B(i) and the values of
+PRE's variables that B reads (through the engine's `rowgrove_v` filter, a repr) after the first
+mark:
 
     OUT_PRE  MARK  V  MARK  B(s)  MARK  B(s+1) ...  MARK  B(n-1) POST
 
@@ -366,7 +367,7 @@ def _rewrite(source: str, main: jn.For, ast: jn.Template, pre_vars: tuple[str, .
         raise Decline("the main loop's tags could not be located in the source")
     right = opener.group(4)
     left = closer.group(1)
-    shown = "".join("{{ %s }}{{ rowgrove_vmark }}" % v for v in pre_vars)
+    shown = "".join("{{ %s | rowgrove_v }}{{ rowgrove_vmark }}" % v for v in pre_vars)
     head = ("{% if loop.revindex <= rowgrove_back %}{{ rowgrove_mark }}"
             "{% if loop.revindex == rowgrove_back or (loop.first and loop.length < rowgrove_back) %}"
             "{{ rowgrove_vmark }}" + shown + "{% endif " + right + "%}")

@@ -9,9 +9,9 @@ before `apply_chat_template` (SGLang's `conversation`/`jinja_template_utils` doe
   `function_call`, any `null`) is dropped;
 - content `null` becomes `""` (a tool-call turn as the gateway returns it);
 - content given as a list of parts is flattened to one string (text parts joined by "\\n") for
-  templates that take a string; templates that iterate over `message.content` ("openai" content
-  format, detected from the template's syntax tree as vLLM does) get the list of text parts; a
-  plain string stays a string, as SGLang passes it;
+  templates that take a string; templates that iterate over `message.content` and read each
+  part's `type` ("openai" content format, detected from the template's syntax tree) get the list
+  of text parts; a plain string stays a string, as SGLang passes it;
 - tool-call `arguments` (a JSON string on the wire) are parsed to an object: templates such as
   Qwen3-Coder and GLM-4.6 iterate `arguments | items`, and every template writes an object the way
   the model sampled it rather than as an escaped string;
@@ -39,9 +39,14 @@ _TEXT_PARTS = ("text", "input_text", "output_text", "refusal")
 
 
 def detect_content_format(chat_template: str) -> str:
-    """"openai" when the template loops over a message's content (so it expects a list of parts),
-    else "string" — the rule of vLLM's `_detect_content_format`: a `for` over `m.content` /
-    `m['content']`, or over a variable assigned from one."""
+    """"openai" when the template reads a message's content parts by their type, else "string".
+
+    vLLM's `_detect_content_format` says "openai" for any `for` over `m.content` / `m['content']`
+    (or over a variable assigned from one); a template that loops over content but never asks a
+    part's `type` (GLM-4.6's tool branch prints each item) then prints a text part as a Python
+    dict repr (vllm#39614). Here a list of text parts reaches the template as the string it
+    stands for unless such a loop also reads `part.type` / `part['type']`: only then does the
+    template know what a part is."""
     try:
         ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(chat_template)
     except jinja2.TemplateError:
@@ -54,9 +59,23 @@ def detect_content_format(chat_template: str) -> str:
         it = loop.iter
         if isinstance(it, jn.Filter) and it.node is not None:
             it = it.node
-        if _is_content_access(it) or (isinstance(it, jn.Name) and it.name in names):
+        if (_is_content_access(it) or (isinstance(it, jn.Name) and it.name in names)) and _reads_type(loop):
             return OPENAI
     return STRING
+
+
+def _reads_type(loop: jn.For) -> bool:
+    """Whether the loop's body reads its item's `type`."""
+    if not isinstance(loop.target, jn.Name):
+        return False
+    item = loop.target.name
+    for node in loop.find_all(jn.Getattr | jn.Getitem):
+        if isinstance(node.node, jn.Name) and node.node.name == item:
+            if isinstance(node, jn.Getattr) and node.attr == "type":
+                return True
+            if isinstance(node, jn.Getitem) and isinstance(node.arg, jn.Const) and node.arg.value == "type":
+                return True
+    return False
 
 
 def _is_content_access(node: jn.Node) -> bool:

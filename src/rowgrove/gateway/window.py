@@ -152,6 +152,7 @@ class FastEngine:
         env.pycompat = True
         env.finalizer = _finalize
         env.add_filter("tojson", _tojson)
+        env.add_filter("rowgrove_v", repr)  # the window's loop variables, compared only with themselves
         env.add_function("raise_exception", _raise_exception)
         env.add_function("strftime_now", _strftime_now)
         env.add_template("window", window.source)

@@ -1,0 +1,213 @@
+"""The fast renderer (MiniJinja over a template's window form) against `apply_chat_template`, on
+every real template of tests/families.py and every template rowgrove ships, over generated
+conversations: tool calls, tool results, reasoning, image parts, unicode, `<`, `>`, `&` and quotes
+in arguments and text.
+
+Each example asserts byte equality with `apply_chat_template`, or that the fast path declined
+(returned None); and that a window render of the last k messages writes exactly the text the
+whole rendering writes for them (the incremental proof, checked on data). Templates the proof or
+the engine check declines are listed, and the ones rowgrove relies on for constant-cost
+continuations must not decline.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from families import FAMILIES, templates_dir  # noqa: E402
+
+from rowgrove.gateway.incremental import analyse  # noqa: E402
+from rowgrove.gateway.preprocess import detect_content_format, engine_message  # noqa: E402
+from rowgrove.gateway.window import fast_engine, plain, split  # noqa: E402
+from rowgrove.model.templates import TEMPLATES  # noqa: E402
+
+SOURCES = {f"rowgrove:{name}": spec.jinja for name, spec in TEMPLATES.items()}
+for _fam in FAMILIES.values():
+    _path = templates_dir() / _fam.template_file
+    if _path.is_file():
+        SOURCES[_fam.name] = _path.read_text()
+
+# templates whose continuations must take the window path (the benchmarks' and the default's)
+MUST_BE_FAST = {"rowgrove:chatml", "rowgrove:qwen3", "rowgrove:llama3", "qwen2.5", "qwen3"}
+
+TEXT = st.lists(st.sampled_from(list("ab <>&'\"\n{}:日ü") + ["</think>", "<think>", "<tool_response>",
+                                                                "</tool_response>", "\\u003c"]),
+                max_size=10).map("".join)
+ARG = st.one_of(TEXT, st.integers(-5, 99))
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather <now> & 'then' \"quoted\" ünï",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@st.composite
+def conversations(draw, images: bool):
+    """(raw OpenAI messages, tools, template options): a system message or not, then turns."""
+    msgs: list[dict] = []
+    if draw(st.booleans()):
+        msgs.append({"role": "system", "content": draw(TEXT)})
+    msgs.append({"role": "user", "content": draw(TEXT)})
+    pending: list[str] = []
+    for k in range(draw(st.integers(0, 5))):
+        kind = draw(st.sampled_from(["assistant", "tool_call", "user"]))
+        if pending and draw(st.booleans()):
+            for cid in pending:
+                content = draw(TEXT)
+                msgs.append({"role": "tool", "tool_call_id": cid,
+                             "content": [{"type": "text", "text": content}] if draw(st.booleans()) else content})
+            pending = []
+            continue
+        if kind == "user":
+            if images and draw(st.booleans()):
+                msgs.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": draw(TEXT)}]})
+            else:
+                msgs.append({"role": "user", "content": draw(TEXT)})
+            continue
+        msg: dict = {"role": "assistant", "content": draw(st.one_of(st.none(), TEXT))}
+        if draw(st.booleans()):
+            msg["reasoning_content"] = draw(TEXT)
+        if kind == "tool_call":
+            calls = []
+            for c in range(draw(st.integers(1, 2))):
+                cid = f"call{k}{c:04d}"[-9:].rjust(9, "0")
+                args = draw(st.dictionaries(st.sampled_from(["city", "q", "n"]), ARG, max_size=2))
+                calls.append({"id": cid, "type": "function", "function": {
+                    "name": draw(st.sampled_from(["get_weather", "search"])),
+                    "arguments": __import__("json").dumps(args, ensure_ascii=False)}})
+            msg["tool_calls"] = calls
+            pending = [c["id"] for c in calls]
+        elif msg["content"] is None:
+            msg["content"] = ""
+        msgs.append(msg)
+    for cid in pending:
+        msgs.append({"role": "tool", "tool_call_id": cid, "content": draw(TEXT)})
+    tools = draw(st.sampled_from([None, TOOLS]))
+    opts = draw(st.sampled_from([{}, {"enable_thinking": False}, {"enable_thinking": True}]))
+    return msgs, tools, opts
+
+
+def _prepare(msgs: list[dict], fmt: str) -> list[dict]:
+    out = []
+    for i, m in enumerate(msgs):
+        content = m.get("content")
+        if isinstance(content, list) and any(p.get("type") == "image" for p in content):
+            # what the gateway hands a vision template: image parts by pixel digest
+            out.append({"role": m["role"], "content": [
+                {"type": "image", "image": "sha256:00"} if p["type"] == "image" else p for p in content]})
+        else:
+            out.append(engine_message(m, i, fmt))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from rowgrove.model.load import load_tokenizer
+    from rowgrove.model.tiny import tiny_model_dir
+
+    return load_tokenizer(str(tiny_model_dir("chatml")))
+
+
+def test_strings_the_engines_strip_differently_decline():
+    """Python's str.strip treats U+001C..U+001F as whitespace, Rust's does not: MiniJinja would
+    render `"a\x1f".strip()` differently, so such strings never take the fast path."""
+    import minijinja
+
+    env = minijinja.Environment()
+    env.pycompat = True
+    assert env.render_str("{{ s.strip() }}", s="a\x1f") != "a\x1f".strip()
+    assert not plain({"role": "user", "content": "a\x1f"}) and plain({"role": "user", "content": "a b"})
+
+
+def test_which_templates_take_the_fast_path(tokenizer):
+    special = dict(tokenizer.special_tokens_map)
+    verdicts = {name: fast_engine(src, special)[1] for name, src in SOURCES.items()}
+    for name in MUST_BE_FAST & set(SOURCES):
+        assert verdicts[name] == "", f"{name}: {verdicts[name]}"
+    # the proof declines what it cannot show (state carried across messages, messages reassigned)
+    if "glm-4.6" in SOURCES:
+        assert isinstance(analyse(SOURCES["glm-4.6"]), str)
+    if "llama3.1" in SOURCES:
+        assert "reassigns messages" in analyse(SOURCES["llama3.1"])
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_fast_path_equals_apply_chat_template_or_declines(name, tokenizer):
+    source = SOURCES[name]
+    special = dict(tokenizer.special_tokens_map)
+    engine, _why = fast_engine(source, special)
+    fmt = detect_content_format(source)
+    images = "image" in source
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(conv=conversations(images), gen=st.booleans(), k=st.integers(1, 8))
+    def check(conv, gen, k):
+        msgs, tools, opts = conv
+        try:
+            prepared = _prepare(msgs, fmt)
+        except Exception:
+            return  # the gateway refuses these messages before any template sees them
+        try:
+            want = tokenizer.apply_chat_template(prepared, tools=tools, add_generation_prompt=gen, tokenize=False,
+                                                 chat_template=source, **opts)
+        except Exception:
+            want = None
+        if engine is None or not plain(tools) or not all(map(plain, prepared)):
+            return  # declined
+        raw = engine.render(prepared, tools, opts, gen, 1 << 60)
+        whole = split(raw) if raw is not None else None
+        if whole is None:
+            return  # declined
+        assert want is not None, "the fast path rendered what apply_chat_template refuses"
+        assert whole.text == want
+        # the window of the last k messages writes what the whole rendering writes for them
+        part = split(engine.render(prepared, tools, opts, gen, k))
+        assert part is not None
+        assert part.pre == whole.pre and part.v == whole.v
+        assert "".join(part.items) == "".join(whole.items[len(whole.items) - len(part.items):])
+
+    check()
+
+
+# -- text parts reach a template as the string they stand for (vllm#39614) -------------------------
+
+def _tool_turn(parts: bool) -> list[dict]:
+    from families import tool_call_id
+
+    result = [{"type": "text", "text": "sunny, 21C"}] if parts else "sunny, 21C"
+    return [{"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": tool_call_id(0), "type": "function",
+                                                                  "function": {"name": "get_weather",
+                                                                               "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": tool_call_id(0), "name": "get_weather", "content": result}]
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_text_parts_render_as_their_string_on_every_template(name, tokenizer):
+    """A tool result sent as `[{"type": "text", "text": ...}]` renders exactly as the same result
+    sent as a string: no template (GLM-4.6's tool branch loops over content without asking a
+    part's type) ever prints a part's Python repr."""
+    source = SOURCES[name]
+    fmt = detect_content_format(source)
+
+    def render(parts: bool) -> str:
+        prepared = [engine_message(m, i, fmt) for i, m in enumerate(_tool_turn(parts))]
+        return tokenizer.apply_chat_template(prepared, tools=TOOLS, add_generation_prompt=True, tokenize=False,
+                                             chat_template=source)
+
+    text = render(True)
+    assert "sunny, 21C" in text and "'type'" not in text and "'text'" not in text
+    assert text == render(False)
+
+
+def test_only_templates_that_read_part_types_get_part_lists():
+    typed = "{% for m in messages %}{% for p in m.content %}{{ p.text if p.type == 'text' }}{% endfor %}{% endfor %}"
+    untyped = "{% for m in messages %}{% for p in m.content %}{{ p }}{% endfor %}{% endfor %}"
+    assert detect_content_format(typed) == "openai"
+    assert detect_content_format(untyped) == "string"
+    if "glm-4.6" in SOURCES:
+        assert detect_content_format(SOURCES["glm-4.6"]) == "string"
