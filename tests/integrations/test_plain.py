@@ -103,3 +103,13 @@ def test_prime_rl_samples_carry_rowgroves_weights_times_the_token_count(mode, we
     # prime-rl divides its rl component by the count of tokens with a nonzero weight (5)
     total = sum(sum(x["rl_weights"]) for x in s)
     assert total / 5 == pytest.approx(1.0)
+
+
+def test_nothing_in_the_core_imports_the_integrations():
+    """The adapters are optional extras: no module outside rowgrove.integrations imports them."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src" / "rowgrove"
+    offenders = [str(p.relative_to(src)) for p in src.rglob("*.py")
+                 if "integrations" not in p.parts and "rowgrove.integrations" in p.read_text()]
+    assert offenders == []
