@@ -40,7 +40,8 @@ fi
 PIP=("${VENV}/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install "torch==${TORCH_VERSION}"
 "${PIP[@]}" install "verl==${VERL_VERSION}" "torch==${TORCH_VERSION}" "${EXTRAS[@]}" "${ROWGROVE_DEPS[@]}"
-# rowgrove itself, editable so the tests see this checkout; no deps (they pin transformers 5.23)
+# rowgrove itself, editable so the tests see this checkout; no deps (they pin transformers 5.23: pip
+# then warns that rowgrove wants transformers 5.23, which is expected, the core is not used here)
 "${PIP[@]}" install --no-deps --no-build-isolation -e "${ROOT}" 2>/dev/null \
     || "${PIP[@]}" install --no-deps -e "${ROOT}"
 

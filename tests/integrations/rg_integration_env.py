@@ -16,8 +16,8 @@ def verl_python() -> Path:
 
 
 def require_or_skip(reason: str) -> None:
-    """Skip with `reason`, or fail when ROWGROVE_REQUIRE_TRAINERS=1 (make test sets it: there the
-    trainer tests must run)."""
+    """Skip with `reason` (a test, or a whole module when called at import), or fail when
+    ROWGROVE_REQUIRE_TRAINERS=1 (make test sets it: there the trainer tests must run)."""
     if os.environ.get("ROWGROVE_REQUIRE_TRAINERS") == "1":
-        pytest.fail(f"{reason} (ROWGROVE_REQUIRE_TRAINERS=1)")
-    pytest.skip(reason)
+        pytest.fail(f"{reason} (ROWGROVE_REQUIRE_TRAINERS=1)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)

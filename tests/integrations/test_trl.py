@@ -17,7 +17,12 @@ import torch
 
 pytestmark = pytest.mark.trainers
 
-trl = pytest.importorskip("trl", reason="TRL is not installed: pip install 'rowgrove[trl]'")
+try:
+    import trl  # noqa: F401
+except ImportError:
+    from rg_integration_env import require_or_skip
+
+    require_or_skip("TRL is not installed: pip install 'rowgrove[trl]'")
 
 from rowgrove.algo import assign_advantages  # noqa: E402
 from rowgrove.errors import InputError  # noqa: E402

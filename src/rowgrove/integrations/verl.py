@@ -216,15 +216,11 @@ def compute_rowgrove_advantage(token_level_rewards: Any, response_mask: Any, ind
 
 
 def _cfg(config: Any, key: str, default: Any = None) -> Any:
+    """`config[key]` for a mapping (dict, OmegaConf DictConfig, verl's configs), else the
+    attribute; `default` when absent or None."""
     if config is None:
         return default
-    if isinstance(config, Mapping) or hasattr(config, "get"):
-        try:
-            value = config.get(key, default)
-        except Exception:  # a dataclass config without .get
-            value = getattr(config, key, default)
-    else:
-        value = getattr(config, key, default)
+    value = config.get(key, default) if isinstance(config, Mapping) else getattr(config, key, default)
     return default if value is None else value
 
 
