@@ -135,6 +135,52 @@ def verl_grad(data, theta, *, agg: str, micro: str, dp: int, loss: str = "rowgro
     return {k: v.grad.detach().numpy().copy() for k, v in theta.items()}
 
 
+def verl_grad_ppo_loss(data, theta, *, agg: str, micro: str, dp: int) -> dict[str, np.ndarray]:
+    """As `verl_grad`, but through `ppo_loss` (verl/workers/utils/losses.py), the function verl's
+    FSDP engine calls on each micro-batch, with the batch in verl's no-padding layout
+    (`left_right_2_no_padding`) and an `ActorConfig` naming the "rowgrove" policy loss. The model's
+    output is a flat log-prob per token, position p scoring token p+1, as the engine returns it."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import ActorConfig
+    from verl.workers.config.actor import PolicyLossConfig
+    from verl.workers.engine.utils import prepare_micro_batches
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    N = len(data)
+    P = data.batch["prompts"].shape[1]
+    T = int(data.batch["response_mask"].sum())
+    cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_mini_batch_size=N, ppo_micro_batch_size_per_gpu=1,
+                      loss_agg_mode=agg, clip_ratio=CLIP, policy_loss=PolicyLossConfig(loss_mode="rowgrove"))
+    for v in theta.values():
+        v.grad = None
+    for rank_rows in np.array_split(np.arange(N), dp):
+        rank = data.select_idxs(rank_rows.tolist())
+        td = left_right_2_no_padding(rank.to_tensordict())
+        td["row_index"] = torch.as_tensor(rank_rows)
+        tu.assign_non_tensor(td, dp_size=dp, batch_num_tokens=T, global_batch_size=N)
+        if micro == "dynamic":
+            tu.assign_non_tensor(td, use_dynamic_bsz=True, max_token_len_per_gpu=int(data.batch["attention_mask"].shape[1] * 2))
+        else:
+            tu.assign_non_tensor(td, use_dynamic_bsz=False, micro_batch_size_per_gpu=int(micro))
+        mbs, _ = prepare_micro_batches(td)
+        for mb in mbs:
+            flat = []
+            for i in mb["row_index"].tolist():
+                rid = data.non_tensor_batch["rollout_id"][i]
+                s = int(data.batch["attention_mask"][i, :P].sum())
+                n = int(data.batch["attention_mask"][i, P:].sum())
+                lp = torch.zeros(s + n, dtype=torch.float64)
+                # position p holds the log-prob of token p+1: response token j sits at s - 1 + j
+                lp = lp.index_put((torch.arange(s - 1, s - 1 + n),), theta[rid][s:s + n])
+                flat.append(lp)
+            log_probs = torch.nested.nested_tensor_from_jagged(torch.cat(flat),
+                                                              offsets=mb["input_ids"].offsets())
+            loss, _ = ppo_loss(cfg, {"log_probs": log_probs}, mb)
+            (loss / dp).backward()  # FSDP averages the ranks' gradients
+    return {k: v.grad.detach().numpy().copy() for k, v in theta.items()}
+
+
 def rel(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     num = sum(float(np.abs(a[k] - b[k]).sum()) for k in a)
     den = sum(float(np.abs(b[k]).sum()) for k in b)
@@ -196,6 +242,9 @@ def main() -> None:
                             continue
                         g = verl_grad(data, theta, agg=agg, micro=micro, dp=dp)
                         grads[f"{mode}/{agg}/{name}/micro={micro}/dp={dp}"] = rel(g, ref)
+                        if micro in ("1", "dynamic"):
+                            g = verl_grad_ppo_loss(data, theta, agg=agg, micro=micro, dp=dp)
+                            grads[f"ppo_loss/{mode}/{agg}/{name}/micro={micro}/dp={dp}"] = rel(g, ref)
     res["grad_rel_diff"] = grads
     res["estimator_max_abs_diff"] = est
     res["coef_sum"] = mass
@@ -205,6 +254,15 @@ def main() -> None:
     plain = copy(data)
     plain.non_tensor_batch["uid"] = np.array([str(u) for u in plain.non_tensor_batch["uid"]], dtype=object)
     plain = compute_advantage(plain, adv_estimator="grpo")
+    # control: the same split batch through verl's "vanilla" loss and "seq-mean-token-mean" on verl's
+    # grpo advantages moves the gradient away from rowgrove's (the check above can fail)
+    ref_loss = reference_loss(theta, base, "rollout-mean")
+    for v in theta.values():
+        v.grad = None
+    ref_loss.backward()
+    ref = {k: v.grad.detach().numpy().copy() for k, v in theta.items()}
+    g = verl_grad(plain, theta, agg="seq-mean-token-mean", micro="1", dp=1, loss="vanilla")
+    res["control_grad_rel_diff"] = rel(g, ref)
     res["verl_grpo_row_adv"] = [float(plain.batch["advantages"][i][data.batch["response_mask"][i].bool()][0])
                                 for i in range(len(data))]
     res["row_rollout"] = [str(r) for r in data.non_tensor_batch["rollout_id"]]
