@@ -16,6 +16,7 @@ import struct
 import termios
 import time
 
+import openai
 import orjson
 import pytest
 from test_delivery import USER, BigEngine, _statuses, _wait
@@ -45,6 +46,11 @@ def _until_stable(sock: socket.socket, quiet: float = 0.5, timeout: float = 30.0
             return n
         time.sleep(0.05)
     return last
+
+
+def _client(gw, ro) -> openai.OpenAI:
+    base = gw.url + ro["base_url"] if ro["base_url"].startswith("/") else ro["base_url"]
+    return openai.OpenAI(base_url=base, api_key=ro["api_key"], max_retries=0)
 
 
 def test_a_finish_without_the_reply_trains_none_of_an_answer_left_unread(tmp_path):
@@ -89,12 +95,20 @@ def test_the_same_answer_is_trained_when_the_record_holds_it(tmp_path):
     trains every sampled token (so the test above fails for the right reason)."""
     with start_gateway("tiny", engine=BigEngine(scripted_engine("tiny"), n=TOKENS), ledger=tmp_path / "l.db") as gw:
         ro = gw.create_rollout("g")
-        import openai
-
-        client = openai.OpenAI(base_url=gw.url + ro["base_url"] if ro["base_url"].startswith("/") else ro["base_url"],
-                               api_key=ro["api_key"], max_retries=0)
-        reply = client.chat.completions.create(model="m", messages=USER).choices[0].message
+        reply = _client(gw, ro).chat.completions.create(model="m", messages=USER).choices[0].message
         gw.finish(ro["rollout_id"], messages=USER + [{"role": "assistant", "content": reply.content}], reward=0.0)
         out = gw.rows(ro["rollout_id"])
         assert out["invalid_reason"] is None
         assert [sum(r["loss_mask"]) for r in out["rows"]] == [TOKENS + 1]
+
+
+def test_a_finish_with_no_record_over_http_trains_the_terminal_chain(tmp_path):
+    """The one HTTP shape for "no record at all": `{"conversations": []}` (an empty `messages` is
+    refused as a malformed conversation). The gateway's own view, the terminal chain, is trained."""
+    with start_gateway("tiny", engine=BigEngine(scripted_engine("tiny"), n=8), ledger=tmp_path / "l.db") as gw:
+        ro = gw.create_rollout("g")
+        _client(gw, ro).chat.completions.create(model="m", messages=USER)
+        gw.finish(ro["rollout_id"], conversations=[], reward=1.0)
+        out = gw.rows(ro["rollout_id"])
+        assert out["invalid_reason"] is None and out["metrics"]["source"] == "terminal_chain"
+        assert [sum(r["loss_mask"]) for r in out["rows"]] == [9]

@@ -17,9 +17,12 @@ from rowgrove.train.loop import train
 SMALL = dict(
     model="tiny-task", env="counter", threads=1, progress=False,
     agent={"compaction": "keep_last_rounds", "every_k": 2, "max_resamples": 1, "max_actions": 4,
-           "on_exhausted": "score"},  # a 40-step warm-up still breaks format: train on every rollout
+           "on_exhausted": "score"},  # score an episode whose resamples ran out: train on every rollout
     prompts_per_step=2, rollouts_per_prompt=2, rollouts_per_minibatch=2, max_tokens=32,
-    warmup_sft_steps=40, warmup_sft_lr=1e-2, warmup_sft_batch=8, eval_prompts=0,
+    # 80 warm-up steps: the first action is well-formed, so every rollout has an accepted turn to
+    # train (a finish whose record holds no assistant message trains nothing, and a rejected
+    # response is never trained)
+    warmup_sft_steps=80, warmup_sft_lr=1e-2, warmup_sft_batch=8, eval_prompts=0,
     lr=1e-3, checkpoint_every=2, concurrency=1,  # one request at a time: bit-exact sampling
 )
 

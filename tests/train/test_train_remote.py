@@ -24,15 +24,18 @@ pytestmark = pytest.mark.slow
 FLAGS = ["--no-progress", "--threads", "1",
          "--set", "env=counter", "--set", "warmup_sft_steps=0", "--set", "eval_prompts=0",
          "--set", "prompts_per_step=2", "--set", "rollouts_per_prompt=2", "--set", "rollouts_per_minibatch=4",
-         "--set", "max_tokens=16", "--set", "agent.max_actions=3", "--set", "agent.max_resamples=0",
+         "--set", "max_tokens=32", "--set", "agent.max_actions=3", "--set", "agent.max_resamples=3",
          "--set", "agent.on_exhausted=score", "--set", "concurrency=4", "--set", "checkpoint_every=0",
          "--set", "lr=1e-2"]
 
 
 @pytest.fixture(scope="module")
 def model_dir():
-    """The tiny task model's base folder: what the server serves and the trainer starts from."""
-    return str(prepare_model_dir(TrainConfig(model="tiny-task", warmup_sft_steps=0), log=lambda *a: None))
+    """The tiny task model after a short supervised warm-up (so its first action is well-formed and
+    every rollout has an accepted turn to train): what the server serves and the trainer starts from."""
+    cfg = TrainConfig(model="tiny-task", env="counter", warmup_sft_steps=80, warmup_sft_lr=1e-2, warmup_sft_batch=8,
+                      agent={"max_actions": 3, "max_resamples": 3, "on_exhausted": "score"})
+    return str(prepare_model_dir(cfg, log=lambda *a: None))
 
 
 def _trained_versions(run_dir) -> dict[str, set[int]]:
