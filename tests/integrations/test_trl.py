@@ -196,6 +196,32 @@ def test_one_sgd_step_equals_rowgroves_update_and_does_not_depend_on_the_split(g
         assert rel < 1e-5, f"{name}: TRL's update differs from rowgrove's by {rel:.2e} (relative)"
 
 
+def test_rows_not_divisible_by_the_accumulation_steps_are_padded_and_train_the_same(gw, tiny, tmp_path,
+                                                                                   compacted_rows):
+    """5 rollouts = 10 rows, 3 accumulation steps: TRL's split would drop a remainder, so the
+    generation batch is padded with 2 empty rows; the update still equals update_policy's."""
+    from rowgrove.train.update import update_policy
+
+    model0, tok = tiny
+    keep = sorted({r.rollout_id for r in compacted_rows})[:5]
+    rows = [r for r in compacted_rows if r.rollout_id in keep]
+    assert len(rows) == 10
+    start = params(model0)
+    m = copy.deepcopy(model0)
+    trainer = RowgroveGRPOTrainer(m, args=grpo_args(tmp_path, gradient_accumulation_steps=3),
+                                  rows_fn=lambda p, t: rows, train_dataset=dataset(PROMPTS * 3), processing_class=tok)
+    trainer.train()
+    # TRL's buffered micro-batches: 12 rows (10 + 2 empty) in 3 chunks of 4
+    assert [len(b["completion_ids"]) for b in trainer._buffered_inputs] == [4, 4, 4]
+    assert sum(int(b["tool_mask"].sum()) for b in trainer._buffered_inputs) == sum(int(np.sum(r.loss_mask)) for r in rows)
+    got = params(m) - start
+    m = copy.deepcopy(model0)
+    update_policy(m, torch.optim.SGD(m.parameters(), lr=0.5), assign_advantages(rows), rollouts_per_minibatch=1000,
+                  microbatch_tokens=256, clip_eps=0.2, max_grad_norm=0.0)
+    want = params(m) - start
+    assert float((got - want).norm() / want.norm()) < 1e-5
+
+
 def test_refused_settings_are_named(tiny, tmp_path):
     model, tok = tiny
     for kw, words in ((dict(loss_type="grpo"), "loss_type='dapo'"), (dict(beta=0.04), "beta=0.0"),
