@@ -12,6 +12,15 @@ per call, the price of exactness for templates that look at the whole conversati
 Also reported: call 200 vs call 2 (the first continuation), since a root's cost (call 1) includes
 rendering the system prompt and tools, which continuations never do.
 
+Each repetition is a new conversation to the renderer: its cache of tokenized text pieces is
+emptied first (a rollout's first call meets text it has not seen). The root render of the last
+request is reported cold (pieces not yet tokenized) and again (the same request rendered whole a
+second time, e.g. a rollout that restarts from the same history: every piece seen).
+
+`--before PATH` also runs this benchmark, in a subprocess, against the source tree at PATH (e.g.
+`git worktree add /tmp/rowgrove-before <commit>`), alternating with this tree, and prints the two
+side by side; both land in the results file.
+
 One agent conversation: a system prompt, two tools, then per call an assistant tool call answered
 by a ~600-byte tool result (every fifth round a user message too). Each call is decided exactly as
 the gateway does (fresh per-rollout index per repetition, so each request meets the memo the way a
@@ -61,6 +70,7 @@ def run_once(renderer: Any, msgs: list[dict[str, Any]], replies: list[dict[str, 
     from rowgrove.toolcalls import format_assistant_text
 
     index = D.RolloutIndex() if memo else _no_memo_index()
+    _forget_pieces(renderer)  # a new conversation: none of its text tokenized yet
     times = []
     ends = [msgs.index(r) for r in replies]
     tok = renderer.tokenizer
@@ -96,28 +106,20 @@ def _no_memo_index() -> Any:
 
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--family", default=None, help="a family of tests/families.py (e.g. qwen3); overrides --model")
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="fewer calls and repeats (smoke check)")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.reps, args.calls = 1, min(args.calls, 40)
-
+def measure(args: argparse.Namespace) -> dict:
+    """One measurement of this process's rowgrove (see the module docstring)."""
     from rowgrove.gateway.render import Renderer
     from rowgrove.model.load import load_tokenizer
 
+    model = args.model
     if args.family:
         import sys
 
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from families import family_model_dir
 
-        args.model = str(family_model_dir(args.family))
-    renderer = Renderer(load_tokenizer(args.model))
+        model = str(family_model_dir(args.family))
+    renderer = Renderer(load_tokenizer(model))
     msgs, replies = conversation(args.calls)
     run_once(renderer, msgs, replies, memo=True)  # warm-up (template compile, probe caches)
 
@@ -136,13 +138,14 @@ def main(argv: list[str] | None = None) -> dict:
     from rowgrove.gateway import decide as D
     idx = D.RolloutIndex()
     final = D.decide(idx, msgs[:n_msgs], renderer, tools=TOOLS)
+    assert final.root  # a fresh index: the same request rendered whole, for scale
     result = {
         "model": args.family or args.model,
         "calls": args.calls,
         "reps": args.reps,
         "messages_in_last_request": n_msgs,
         "request_bytes_last": len(json.dumps(msgs[:n_msgs])),
-        "context_tokens_last": None,
+        "context_tokens_last": len(final.prompt_ids),
         "decide_us_call_1_root": round(first_us, 1),
         "decide_us_call_2": round(second_us, 1),
         "decide_us_calls_196_200": round(late_us, 1),
@@ -150,17 +153,63 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio_call_200_vs_call_1": round(late_us / first_us, 3),
         "ratio_call_200_vs_call_2": round(late_us / second_us, 3),
         "ratio_no_memo_call_200_vs_call_1": round(late_nomemo_us / first_us, 3),
-        "root_render_us_last_request": None,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
     }
-    t0 = time.perf_counter()
-    full = renderer.render_root(msgs[:n_msgs], TOOLS)
-    result["root_render_us_last_request"] = round((time.perf_counter() - t0) * 1e6, 1)
-    result["context_tokens_last"] = len(full)
-    assert final.root  # a fresh index: the same request rendered whole, for scale
-    for k, v in result.items():
-        print(f"{k:40s} {v}")
+    roots_cold, roots_again = [], []
+    for _ in range(3):
+        _forget_pieces(renderer)
+        t0 = time.perf_counter()
+        renderer.render_root(msgs[:n_msgs], TOOLS)
+        t1 = time.perf_counter()
+        renderer.render_root(msgs[:n_msgs], TOOLS)
+        roots_cold.append(t1 - t0)
+        roots_again.append(time.perf_counter() - t1)
+    result["root_render_us_last_request_cold"] = round(statistics.median(roots_cold) * 1e6, 1)
+    result["root_render_us_last_request_again"] = round(statistics.median(roots_again) * 1e6, 1)
+    fast = getattr(renderer, "fast", None)
+    result["fast_path"] = None if fast is None else "minijinja window"
+    return result
+
+
+def _forget_pieces(renderer: Any) -> None:
+    pieces = getattr(renderer, "_pieces", None)  # absent before the piece cache existed
+    if pieces is not None:
+        pieces.clear()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--family", default=None, help="a family of tests/families.py (e.g. qwen3); overrides --model")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="fewer calls and repeats (smoke check)")
+    ap.add_argument("--before", default=None, help="a source tree to measure side by side (its src/ is imported)")
+    ap.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.reps, args.calls = 1, min(args.calls, 40)
+    if args.json_only:
+        print(json.dumps(measure(args)))
+        return {}
+    rounds = []
+    for _ in range(2 if args.before else 1):  # alternate: the machine's load drifts
+        rounds.append(("after", _in_subprocess(args, None) if args.before else measure(args)))
+        if args.before:
+            rounds.append(("before", _in_subprocess(args, args.before)))
+    after = _median_of([r for k, r in rounds if k == "after"])
+    before = _median_of([r for k, r in rounds if k == "before"]) if args.before else None
+    result = dict(after)
+    result["python"] = platform.python_version()
+    result["machine"] = platform.machine()
+    result["load_avg_1min"] = round(__import__("os").getloadavg()[0], 2)
+    if before is not None:
+        result["before"] = {**before, "tree": args.before}
+        print(f"{'':40s} {'before':>14s} {'after':>14s}")
+        for k, v in after.items():
+            print(f"{k:40s} {str(before.get(k)):>14s} {str(v):>14s}")
+    else:
+        for k, v in result.items():
+            print(f"{k:40s} {v}")
     name = "decide.json" if not args.family else f"decide-{args.family}.json"
     if not args.quick:  # smoke figures never replace the measured ones
         out = Path(__file__).parent / "results" / name
@@ -168,6 +217,32 @@ def main(argv: list[str] | None = None) -> dict:
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {out}")
     return result
+
+
+def _in_subprocess(args: argparse.Namespace, tree: str | None) -> dict:
+    """`measure` in a fresh process, importing rowgrove from `tree`/src (None: this tree)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(tree or root) / "src")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--json-only", "--calls", str(args.calls),
+           "--reps", str(args.reps), "--model", args.model]
+    if args.family:
+        cmd += ["--family", args.family]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _median_of(results: list[dict]) -> dict:
+    out = {}
+    for k, v in results[0].items():
+        vals = [r[k] for r in results]
+        out[k] = round(statistics.median(vals), 3) if all(isinstance(x, int | float) and not isinstance(x, bool)
+                                                           for x in vals) else v
+    return out
 
 
 if __name__ == "__main__":

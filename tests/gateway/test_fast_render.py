@@ -144,7 +144,7 @@ def test_fast_path_equals_apply_chat_template_or_declines(name, tokenizer):
     images = "image" in source
 
     @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(conv=conversations(images), gen=st.booleans(), k=st.integers(1, 8))
+    @given(conv=conversations(images), gen=st.booleans(), k=st.integers(0, 8))
     def check(conv, gen, k):
         msgs, tools, opts = conv
         try:
@@ -158,14 +158,17 @@ def test_fast_path_equals_apply_chat_template_or_declines(name, tokenizer):
             want = None
         if engine is None or not plain(tools) or not all(map(plain, prepared)):
             return  # declined
-        raw = engine.render(prepared, tools, opts, gen, 1 << 60)
+        raw = engine.render(prepared, tools, opts, gen)
         whole = split(raw) if raw is not None else None
         if whole is None:
             return  # declined
         assert want is not None, "the fast path rendered what apply_chat_template refuses"
         assert whole.text == want
-        # the window of the last k messages writes what the whole rendering writes for them
-        part = split(engine.render(prepared, tools, opts, gen, k))
+        # the window from loop position k on writes what the whole rendering writes there
+        if not whole.items:
+            return
+        k = min(k, len(whole.items) - 1)  # at least one message in the window, as a continuation has
+        part = split(engine.render(prepared, tools, opts, gen, k), len(whole.items) - k)
         assert part is not None
         assert part.pre == whole.pre and part.v == whole.v
         assert "".join(part.items) == "".join(whole.items[len(whole.items) - len(part.items):])

@@ -96,19 +96,21 @@ class WindowInfo:
     before the first message (`pre`) and its loop-body variables (`v`) for that request, `tail`,
     the text the template wrote for the request's last message and the generation prompt, and
     `prompt_len`, the length of the rendered prompt text, which the call's context text starts
-    with (only a root or an exact continuation has window facts)."""
+    with (only a root or an exact continuation has window facts), and `offset`, the index of the
+    message the template's loop starts with (1 for a loop over `messages[1:]`)."""
 
     state: Any
     pre: str
     v: str
     tail: str
     prompt_len: int
+    offset: int
 
 
-def _window_info(state: Any, split: Any, prompt_len: int) -> WindowInfo | None:
+def _window_info(state: Any, split: Any, prompt_len: int, n: int) -> WindowInfo | None:
     if split is None or not split.items:
         return None
-    return WindowInfo(state, split.pre, split.v, split.items[-1], prompt_len)
+    return WindowInfo(state, split.pre, split.v, split.items[-1], prompt_len, n - len(split.items))
 
 
 def summary_hashes(decision: Decision, response: Mapping[str, Any]) -> tuple[str, str]:
@@ -462,7 +464,7 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
 
     def root(reason: str) -> Decision:
         r = renderer.root(messages, tools, options, prepared=prepared)
-        window = _window_info(states[-1], renderer.last_split, len(r.text)) if prepared is not None else None
+        window = _window_info(states[-1], renderer.last_split, len(r.text), len(messages)) if prepared is not None else None
         return Decision(None, r.ids, r.ids, request_hash, chain, reason, context_text=r.text,
                         images=images, messages=messages, window=window)
 
@@ -497,7 +499,8 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
         return root(NOT_SPLITTABLE)
     window = None
     if prepared is not None and not new.drift:
-        window = _window_info(states[-1], renderer.last_split, len(parent_text) + len(new.text))
+        window = _window_info(states[-1], renderer.last_split, len(parent_text) + len(new.text),
+                              len(messages))
     return Decision(parent, new.ids, index.context_list(parent) + new.ids, request_hash, chain, CONTINUATION,
                     context_text=parent_text + new.text, drift=new.drift, images=images, messages=messages,
                     window=window)
@@ -520,8 +523,7 @@ def _window_continuation(index: RolloutIndex, parent: str, parent_text: str, las
     info = index.window(parent)
     if info is None or j < 1 or states[j - 1] != info.state:
         return None
-    back = len(prepared) - (j - 1)
-    split = renderer.fast_window(prepared, tools, options, back)
+    split = renderer.fast_window(prepared, tools, options, j - 1, info.offset)
     if split is None or split.pre != info.pre or split.v != info.v:
         return None
     sampled = parent_text[info.prompt_len:]
@@ -533,7 +535,8 @@ def _window_continuation(index: RolloutIndex, parent: str, parent_text: str, las
     ids = renderer._after(last, rest)
     if ids is None:
         return None
-    return ids, rest, WindowInfo(states[-1], info.pre, info.v, split.items[-1], len(parent_text) + len(rest))
+    return ids, rest, WindowInfo(states[-1], info.pre, info.v, split.items[-1], len(parent_text) + len(rest),
+                                 info.offset)
 
 
 # -- validation ------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ whole request costs O(history) per call, O(T^2) per rollout. Most chat templates
 and write B(i) for message i from a small set of inputs only. This module proves that from the
 template's syntax tree (jinja2's parser, the one `apply_chat_template` compiles with) and, when it
 holds, rewrites the template into a *window* form that renders PRE and POST in full but B(i) only
-for the last `rowgrove_back` messages, with a mark before each rendered B(i) and the values of
+for loop positions from `rowgrove_from` on (a loop over `messages[1:]` starts one message
+later: the caller keeps that offset), with a mark before each rendered B(i) and the values of
 PRE's variables that B reads (through the engine's `rowgrove_v` filter, a repr) after the first
 mark:
 
@@ -368,9 +369,8 @@ def _rewrite(source: str, main: jn.For, ast: jn.Template, pre_vars: tuple[str, .
     right = opener.group(4)
     left = closer.group(1)
     shown = "".join("{{ %s | rowgrove_v }}{{ rowgrove_vmark }}" % v for v in pre_vars)
-    head = ("{% if loop.revindex <= rowgrove_back %}{{ rowgrove_mark }}"
-            "{% if loop.revindex == rowgrove_back or (loop.first and loop.length < rowgrove_back) %}"
-            "{{ rowgrove_vmark }}" + shown + "{% endif " + right + "%}")
+    head = ("{% if loop.index0 >= rowgrove_from %}{{ rowgrove_mark }}"
+            "{% if loop.index0 == rowgrove_from %}{{ rowgrove_vmark }}" + shown + "{% endif " + right + "%}")
     tail = "{%" + left + " endif %}"
     window = source[: opener.end()] + head + source[opener.end(): closer.start()] + tail + source[closer.start():]
     _check_rewrite(ast, main, window)

@@ -39,6 +39,7 @@ options); a continuation never tokenizes the history.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ _RESERVED_OPTIONS = frozenset({
 })
 
 _PREPARED_CACHE = 65536  # prepared messages kept per renderer, by their raw JSON
+_PIECE_CACHE = 16384     # tokenized text pieces (between added tokens) kept per renderer
+_BATCH_CHARS = 32768     # text to tokenize above which the pieces go as one (threaded) batch
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,13 @@ class Renderer:
         self._added_text = {int(i): t.content for i, t in added.items()}
         self._special_text = {int(i): t.content for i, t in added.items() if t.special}
         self._markers: tuple[str, ...] | None = None
+        # root prompts tokenized piece by piece between added tokens (`encode_prompt`)
+        plain_added = all(not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values())
+        self._pieces_ok: bool | None = None if plain_added and self._added_text else False
+        self._pieces: OrderedDict[tuple[int | None, str], list[int]] = OrderedDict()
+        self._added_id = {t: i for i, t in sorted(self._added_text.items(), reverse=True)}
+        self._added_re = re.compile("|".join(re.escape(t) for t in sorted(self._added_id, key=len, reverse=True))) \
+            if self._added_id else None
         self._closing: bool | None = None
         # a vision model (`rowgrove.model.vision.Vision`): image parts are kept for the template
         # and each image placeholder it writes is expanded as the model's processor expands it
@@ -171,7 +181,7 @@ class Renderer:
         if prepared is None:
             prepared = self.prepare(messages)
         text = self._render(prepared, tools, options, True)
-        return Rendered(self.encode(text), text)
+        return Rendered(self.encode_prompt(text), text)
 
     def continuation(self, messages: Sequence[Mapping[str, Any]], j: int, parent_text: str, parent_last: int,
                      tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None, *,
@@ -210,6 +220,62 @@ class Renderer:
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """`encode(text)`, with the text between added tokens tokenized once per renderer.
+
+        An added token cuts the text (the tokenizer splits on added tokens before anything else),
+        so each piece after an added token M tokenizes as `encode(M + piece)` without M's id, the
+        form `_after` uses for a continuation; pieces repeat across a rollout's roots (the system
+        prompt, tools, every kept message), so each is tokenized once. Used only for a tokenizer
+        whose added tokens strip nothing and match raw text, and checked once against `encode` of
+        the whole text: a mismatch turns it off for this renderer."""
+        if self._pieces_ok is False or self._backend is None or not text:
+            return self.encode(text)
+        cache = self._pieces
+        pieces: list[tuple[int | None, str] | int] = []  # (previous added id, text) or an added id
+        prev: int | None = None
+        at = 0
+        for m in self._added_re.finditer(text):
+            if m.start() > at:
+                pieces.append((prev, text[at:m.start()]))
+            prev = self._added_id[m.group(0)]
+            pieces.append(prev)
+            at = m.end()
+        if at < len(text):
+            pieces.append((prev, text[at:]))
+        missing = list(dict.fromkeys(p for p in pieces if isinstance(p, tuple) and p not in cache))
+        if missing:
+            texts = [(self._added_text[p] if p is not None else "") + t for p, t in missing]
+            # a large prompt is tokenized as one batch, which the tokenizer spreads over its
+            # threads; a small one is not worth waking them
+            if sum(map(len, texts)) > _BATCH_CHARS:
+                encoded = [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=False)]
+            else:
+                encoded = [self._backend.encode(t, add_special_tokens=False).ids for t in texts]
+            for (p, t), ids in zip(missing, encoded, strict=True):
+                if p is not None:
+                    if not ids or ids[0] != p:
+                        self._pieces_ok = False
+                        return self.encode(text)
+                    ids = ids[1:]
+                cache[(p, t)] = ids
+            while len(cache) > _PIECE_CACHE:
+                cache.popitem(last=False)
+        out: list[int] = []
+        for p in pieces:
+            if isinstance(p, int):
+                out.append(p)
+            else:
+                ids = cache.get(p)
+                if ids is None:  # evicted while filling (a prompt of more pieces than the cache holds)
+                    return self.encode(text)
+                out.extend(ids)
+        if self._pieces_ok is None:
+            self._pieces_ok = out == self.encode(text)
+            if not self._pieces_ok:
+                return self.encode(text)
+        return out
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -264,7 +330,7 @@ class Renderer:
         key = _options_key(tools, opts) + (b"1" if add_generation_prompt else b"0")
         if self._fast_verified.get(key) is False or not plain(tools) or not all(map(plain, prepared)):
             return None
-        raw = self.fast.render(prepared, tools, opts, add_generation_prompt, 1 << 60)
+        raw = self.fast.render(prepared, tools, opts, add_generation_prompt)
         parts = split(raw) if raw is not None else None
         if parts is None:
             return None
@@ -282,10 +348,11 @@ class Renderer:
         return text
 
     def fast_window(self, prepared: list[dict[str, Any]], tools: Sequence[Any] | None,
-                    options: Mapping[str, Any] | None, back: int) -> Any:
-        """The window render (`window.Split`) of the last `back` messages with the generation
-        prompt, or None where the fast path declines or has not been verified for these (tools,
-        options) by a full render."""
+                    options: Mapping[str, Any] | None, start: int, offset: int) -> Any:
+        """The window render (`window.Split`) of the messages from `start` on with the generation
+        prompt (`offset`: the index of the message the template's loop starts with), or None
+        where the fast path declines or has not been verified for these (tools, options) by a
+        full render."""
         from rowgrove.gateway.window import plain, split
 
         if self.fast is None:
@@ -295,11 +362,11 @@ class Renderer:
         if _RESERVED_OPTIONS.intersection(opts):
             return None
         key = _options_key(tool_list, opts) + b"1"
-        if self._fast_verified.get(key) is not True or not plain(tool_list) \
-                or not all(map(plain, prepared[-back:])):
+        if start < offset or self._fast_verified.get(key) is not True or not plain(tool_list) \
+                or not all(map(plain, prepared[start:])):
             return None
-        raw = self.fast.render(prepared, tool_list, opts, True, back)
-        return split(raw, back) if raw is not None else None
+        raw = self.fast.render(prepared, tool_list, opts, True, start - offset)
+        return split(raw, len(prepared) - start) if raw is not None else None
 
     def _direct(self, prepared: list[dict[str, Any]], tools: list[Any] | None, opts: dict[str, Any],
                 add_generation_prompt: bool) -> str:

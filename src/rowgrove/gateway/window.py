@@ -160,12 +160,13 @@ class FastEngine:
         self._special = dict(special)
 
     def render(self, prepared: Sequence[Mapping[str, Any]], tools: Any, opts: Mapping[str, Any],
-               add_generation_prompt: bool, back: int) -> str | None:
-        """The window text rendering the last `back` messages of the loop, or None (declined)."""
+               add_generation_prompt: bool, start: int = 0) -> str | None:
+        """The window text rendering the loop from position `start` on (0: the whole rendering),
+        or None (declined)."""
         try:
             return self._env.render_template(
                 "window", messages=prepared, tools=tools, documents=None,
-                add_generation_prompt=add_generation_prompt, rowgrove_back=back, rowgrove_mark=MARK,
+                add_generation_prompt=add_generation_prompt, rowgrove_from=start, rowgrove_mark=MARK,
                 rowgrove_vmark=VMARK, **{**self._special, **opts})
         except Exception:  # any MiniJinja error: jinja2 renders it (and words its error)
             return None
