@@ -5,9 +5,11 @@
 # Why a separate environment: verl 0.9.1 caps transformers < 5.11 (5.10.4 resolves), rowgrove pins
 # transformers 5.23, so the two cannot share .venv. rowgrove goes in with --no-deps: the verl side
 # only needs rowgrove.types, rowgrove.algo and rowgrove.integrations (numpy, which verl brings, and
-# the OpenAI SDK for the agent loop's agents, pinned below as rowgrove pins it).
+# the OpenAI SDK for the agent loop's agents, at rowgrove's own pin).
 # verl's RayPPOTrainer and agent loop also import cachetools, uvicorn, fastapi, pyzmq and msgspec,
-# which verl does not declare: they are pinned below.
+# which verl does not declare. The pins are read from pyproject.toml's `verl` extra (which cannot be
+# installed with rowgrove's own dependencies for the same reason: `pip install 'rowgrove[verl]'`
+# does not resolve; this script is how the extra is installed).
 #
 # torch is installed first, alone and pinned (2.13.0, the CPU build in the local wheel folder), and
 # pinned again in verl's resolve, so pip never reaches for a CUDA torch.
@@ -16,16 +18,21 @@
 # stamp matches, the script returns at once. Usage: scripts/install_verl_env.sh [VENV_DIR]
 set -euo pipefail
 
-VERL_VERSION="0.9.1"
 TORCH_VERSION="2.13.0"
-EXTRAS=("cachetools==8.0.2" "uvicorn==0.54.0" "fastapi==0.165.0" "pyzmq==27.3.0" "msgspec==0.23.0")
-# rowgrove's own pin of the OpenAI SDK: the "rowgrove" agent loop's agents are OpenAI clients
-ROWGROVE_DEPS=("openai==3.51.0")
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-${ROOT}/.venv-verl}"
 PYTHON="${PYTHON:-python3}"
+# The pins: the `verl` extra of pyproject.toml (verl and what its trainer imports undeclared), and
+# rowgrove's own pin of the OpenAI SDK (the "rowgrove" agent loop's agents are OpenAI clients).
+mapfile -t PINS < <("${PYTHON}" - "${ROOT}/pyproject.toml" <<'PY'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["optional-dependencies"]["verl"]))
+print(next(d for d in project["dependencies"] if d.startswith("openai==")))
+PY
+)
 STAMP="${VENV}/.installed"
-WANT="verl==${VERL_VERSION} torch==${TORCH_VERSION} ${EXTRAS[*]} ${ROWGROVE_DEPS[*]} install_verl_env v2"
+WANT="torch==${TORCH_VERSION} ${PINS[*]} install_verl_env v3"
 
 if [[ -f "${STAMP}" && "$(cat "${STAMP}")" == "${WANT}" && -x "${VENV}/bin/python" ]]; then
     echo "install_verl_env: ${VENV} is up to date (${WANT})"
@@ -39,7 +46,7 @@ if [[ ! -x "${VENV}/bin/python" ]]; then
 fi
 PIP=("${VENV}/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install "torch==${TORCH_VERSION}"
-"${PIP[@]}" install "verl==${VERL_VERSION}" "torch==${TORCH_VERSION}" "${EXTRAS[@]}" "${ROWGROVE_DEPS[@]}"
+"${PIP[@]}" install "torch==${TORCH_VERSION}" "${PINS[@]}"
 # rowgrove itself, editable so the tests see this checkout; no deps (they pin transformers 5.23: pip
 # then warns that rowgrove wants transformers 5.23, which is expected, the core is not used here)
 "${PIP[@]}" install --no-deps --no-build-isolation -e "${ROOT}" 2>/dev/null \
