@@ -20,7 +20,7 @@ SMALL = dict(
     agent={"compaction": "keep_last_rounds", "every_k": 2, "max_resamples": 1, "max_actions": 4,
            "on_exhausted": "score"},
     prompts_per_step=2, rollouts_per_prompt=2, rollouts_per_minibatch=2, max_tokens=32,
-    warmup_sft_steps=40, warmup_sft_lr=1e-2, warmup_sft_batch=8, eval_prompts=0,
+    warmup_sft_steps=80, warmup_sft_lr=1e-2, warmup_sft_batch=8, eval_prompts=0,  # first actions well-formed
     lr=1e-3, checkpoint_every=1, concurrency=4, steps=1,
 )
 
