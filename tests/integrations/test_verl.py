@@ -111,6 +111,7 @@ def test_dataproto_layout_and_dropped_rows(verl_run):
             "rollout_log_probs", "old_log_probs", "advantages", "token_level_rewards"} <= set(verl_run["fields"])
     assert verl_run["non_tensor"] == ["rollout_id", "uid"]
     assert verl_run["dropped"]["dropped_invalid_rows"] == 1 and verl_run["dropped"]["rollouts"] == 10
+    assert verl_run["partial_group_max_abs_diff"] == 0.0  # the invalid rollout takes no part in g0's baseline
 
 
 def test_refusals_name_the_setting_and_use_algos_messages(verl_run):

@@ -326,6 +326,9 @@ def main() -> None:
                logprobs=[0, -1, -1])]
     d = rv.rows_to_dataproto(base + bad, pad_token_id=0)
     res["dropped"] = d.meta_info["rowgrove"]
+    # a partial group (g0 lost rollout z): the baseline is over g0's valid rollouts, as without z
+    alone = rv.rows_to_dataproto(base, pad_token_id=0)
+    res["partial_group_max_abs_diff"] = float((d.batch["advantages"] - alone.batch["advantages"]).abs().max())
     res["fields"] = sorted(d.batch.keys())
     res["non_tensor"] = sorted(d.non_tensor_batch.keys())
     res["row0"] = {"prompts": d.batch["prompts"][0].tolist(), "responses": d.batch["responses"][0].tolist(),
