@@ -66,7 +66,7 @@ def conversation(calls: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 
 def run_once(renderer: Any, msgs: list[dict[str, Any]], replies: list[dict[str, Any]], *, memo: bool) -> list[float]:
     """Seconds spent in decide for each call of one rollout."""
-    from rowgrove.gateway import decide as D
+    D = _decide_module()
     from rowgrove.toolcalls import format_assistant_text
 
     index = D.RolloutIndex() if memo else _no_memo_index()
@@ -92,7 +92,7 @@ def run_once(renderer: Any, msgs: list[dict[str, Any]], replies: list[dict[str, 
 
 
 def _no_memo_index() -> Any:
-    from rowgrove.gateway import decide as D
+    D = _decide_module()
     from rowgrove.hashing import chain_hashes
 
     class NoMemo(D.RolloutIndex):
@@ -108,7 +108,7 @@ def _no_memo_index() -> Any:
 
 def measure(args: argparse.Namespace) -> dict:
     """One measurement of this process's rowgrove (see the module docstring)."""
-    from rowgrove.gateway.render import Renderer
+    Renderer = _decide_module("render").Renderer
     from rowgrove.model.load import load_tokenizer
 
     model = args.model
@@ -135,7 +135,7 @@ def measure(args: argparse.Namespace) -> dict:
     late_nomemo_us = statistics.median(without[last]) * 1e6
     second_us = with_memo[1] * 1e6
     n_msgs = msgs.index(replies[-1])
-    from rowgrove.gateway import decide as D
+    D = _decide_module()
     idx = D.RolloutIndex()
     final = D.decide(idx, msgs[:n_msgs], renderer, tools=TOOLS)
     assert final.root  # a fresh index: the same request rendered whole, for scale
@@ -168,6 +168,16 @@ def measure(args: argparse.Namespace) -> dict:
     fast = getattr(renderer, "fast", None)
     result["fast_path"] = None if fast is None else "minijinja window"
     return result
+
+
+def _decide_module(name: str = "decide") -> Any:
+    """rowgrove's `gateway.core.<name>` (`gateway.<name>` in a tree from before the core package)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"rowgrove.gateway.core.{name}")
+    except ImportError:
+        return importlib.import_module(f"rowgrove.gateway.{name}")
 
 
 def _forget_pieces(renderer: Any) -> None:

@@ -398,7 +398,10 @@ def probe_parse(turns: int, number: int) -> dict[str, float]:
     without the rollout's memo of checked items, warmed by the same request)."""
     import timeit
 
-    from rowgrove.gateway.openai_format import parse_chat_request
+    try:
+        from rowgrove.gateway.dialects.openai_format import parse_chat_request
+    except ImportError:  # a tree from before the dialects package
+        from rowgrove.gateway.openai_format import parse_chat_request
 
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "task 0: count to three"}]
     for t in range(turns):
@@ -407,9 +410,15 @@ def probe_parse(turns: int, number: int) -> dict[str, float]:
     chat = dict(orjson.loads(_dialect_request("chat", messages)[1]), tools=tools)
     cases: dict[str, Any] = {"chat": lambda: parse_chat_request(chat, default_max_tokens=16)}
     try:
-        from rowgrove.gateway.anthropic_api import parse_messages_request
-        from rowgrove.gateway.responses_api import parse_responses_request
+        from rowgrove.gateway.dialects.anthropic_api import parse_messages_request
+        from rowgrove.gateway.dialects.responses_api import parse_responses_request
     except ImportError:
+        try:
+            from rowgrove.gateway.anthropic_api import parse_messages_request
+            from rowgrove.gateway.responses_api import parse_responses_request
+        except ImportError:
+            parse_messages_request = None
+    if parse_messages_request is None:
         pass
     else:
         resp = orjson.loads(_dialect_request("responses", messages)[1])

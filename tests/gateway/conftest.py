@@ -20,7 +20,7 @@ def tokenizers():
 @pytest.fixture(scope="session")
 def renderers(tokenizers):
     """{"chatml" | "qwen3" | "llama3": Renderer}."""
-    from rowgrove.gateway.render import Renderer
+    from rowgrove.gateway.core.render import Renderer
 
     return {name: Renderer(tok) for name, tok in tokenizers.items()}
 

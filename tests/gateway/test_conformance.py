@@ -55,8 +55,8 @@ from families import FAMILIES, Family, family, family_model_dir, templates_dir  
 from fixtures_http import TestEngine, full_prompt  # noqa: E402
 
 import rowgrove.gateway.sessions as gw_sessions  # noqa: E402
-from rowgrove.gateway import decide as gw_decide  # noqa: E402
-from rowgrove.gateway.preprocess import engine_messages  # noqa: E402
+from rowgrove.gateway.core import decide as gw_decide  # noqa: E402
+from rowgrove.gateway.core.preprocess import engine_messages  # noqa: E402
 
 if not all((templates_dir() / f.template_file).is_file() for f in FAMILIES.values()):
     pytest.skip(f"real chat templates not found in {templates_dir()} (set ROWGROVE_TEMPLATES)",

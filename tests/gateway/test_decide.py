@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rowgrove.errors import BadRequest, RowgroveError
-from rowgrove.gateway import decide as D
-from rowgrove.gateway.decide import Decision, RolloutIndex, decide, response_message, summary_hashes, validate_messages
+from rowgrove.gateway.core import decide as D
+from rowgrove.gateway.core.decide import Decision, RolloutIndex, decide, response_message, summary_hashes, validate_messages
 from rowgrove.hashing import chain_hashes, chain_start
 from rowgrove.toolcalls import ParsedMessage, format_assistant_text
 
@@ -320,7 +320,7 @@ def _patched(renderer, old: str, new: str):
     """A Renderer over a copy of `renderer`'s tokenizer whose template has `old` replaced by `new`."""
     import copy
 
-    from rowgrove.gateway.render import Renderer
+    from rowgrove.gateway.core.render import Renderer
 
     tok = copy.deepcopy(renderer.tokenizer)
     assert old in tok.chat_template, "the template changed: update this test's patch"

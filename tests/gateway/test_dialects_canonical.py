@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rowgrove.errors import BadRequest
-from rowgrove.gateway import anthropic_api, responses_api
-from rowgrove.gateway.openai_format import completion_body
-from rowgrove.gateway.preprocess import engine_messages
+from rowgrove.gateway.dialects import anthropic_api, responses_api
+from rowgrove.gateway.dialects.openai_format import completion_body
+from rowgrove.gateway.core.preprocess import engine_messages
 from rowgrove.hashing import chain_hashes, chain_start
 
 text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from families import FAMILIES, templates_dir  # noqa: E402
 
-from rowgrove.gateway.incremental import analyse  # noqa: E402
-from rowgrove.gateway.preprocess import detect_content_format, engine_message  # noqa: E402
-from rowgrove.gateway.window import fast_engine, plain, split  # noqa: E402
+from rowgrove.gateway.core.incremental import analyse  # noqa: E402
+from rowgrove.gateway.core.preprocess import detect_content_format, engine_message  # noqa: E402
+from rowgrove.gateway.core.window import fast_engine, plain, split  # noqa: E402
 from rowgrove.model.templates import TEMPLATES  # noqa: E402
 
 SOURCES = {f"rowgrove:{name}": spec.jinja for name, spec in TEMPLATES.items()}

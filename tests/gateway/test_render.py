@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rowgrove.errors import BadRequest, InputError
-from rowgrove.gateway.preprocess import OPENAI, STRING, detect_content_format, engine_messages
-from rowgrove.gateway.render import Renderer
+from rowgrove.gateway.core.preprocess import OPENAI, STRING, detect_content_format, engine_messages
+from rowgrove.gateway.core.render import Renderer
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 CALL = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x", "n": 2}'}}
@@ -229,7 +229,7 @@ def test_fast_render_that_disagrees_once_is_never_used(renderers):
 
 
 def test_minijinja_path_that_disagrees_once_is_never_used(renderers):
-    from rowgrove.gateway.incremental import MARK, VMARK
+    from rowgrove.gateway.core.incremental import MARK, VMARK
 
     r = Renderer(renderers["chatml"].tokenizer)
     assert r.fast is not None, r.fast_declined

@@ -59,9 +59,9 @@ from rowgrove.errors import (
     RowgroveError,
 )
 from rowgrove.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from rowgrove.gateway import anthropic_api, responses_api
-from rowgrove.gateway.canonical import canonical_finish
-from rowgrove.gateway.openai_format import (
+from rowgrove.gateway.dialects import anthropic_api, responses_api
+from rowgrove.gateway.dialects.canonical import canonical_finish
+from rowgrove.gateway.dialects.openai_format import (
     ChatRequest,
     error_body,
     load_json,

@@ -21,7 +21,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from rowgrove.gateway.openai_format import error_body
+from rowgrove.gateway.dialects.openai_format import error_body
 
 log = logging.getLogger("rowgrove.gateway")
 

@@ -1,4 +1,4 @@
-"""The fast renderer: a chat template's window form (`rowgrove.gateway.incremental`) rendered by
+"""The fast renderer: a chat template's window form (`rowgrove.gateway.core.incremental`) rendered by
 MiniJinja, the Rust engine Hugging Face's text-generation-inference (TGI) renders chat templates
 with, in the environment `apply_chat_template` builds.
 
@@ -33,7 +33,7 @@ from typing import Any
 import jinja2
 import jinja2.nodes as jn
 
-from rowgrove.gateway.incremental import MARK, VMARK, Window
+from rowgrove.gateway.core.incremental import MARK, VMARK, Window
 
 try:  # pinned in pyproject; without it every render goes through jinja2
     import minijinja
@@ -186,7 +186,7 @@ def plain(value: Any) -> bool:
 
 def fast_engine(chat_template: str, special: Mapping[str, Any]) -> tuple[FastEngine | None, str]:
     """The fast engine for `chat_template`, or None and why not."""
-    from rowgrove.gateway.incremental import analyse
+    from rowgrove.gateway.core.incremental import analyse
 
     if minijinja is None:
         return None, "minijinja is not installed"

@@ -2,7 +2,7 @@
 the window form of the template that renders it.
 
 A continuation's prompt is the parent's exact context followed by what the template writes after
-the parent's turn in its rendering of the whole request (`rowgrove.gateway.render`). Rendering the
+the parent's turn in its rendering of the whole request (`rowgrove.gateway.core.render`). Rendering the
 whole request costs O(history) per call, O(T^2) per rollout. Most chat templates have this shape:
 
     PRE                                   statements before the main loop (system block, tools,

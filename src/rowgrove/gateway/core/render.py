@@ -2,7 +2,7 @@
 after its parent's sampled tokens, taken from the template's rendering of the whole new request.
 
 What "exact" means. A root's prompt is `apply_chat_template` of the request's messages prepared as
-the engine's own chat endpoint prepares them (`rowgrove.gateway.preprocess`). A continuation's
+the engine's own chat endpoint prepares them (`rowgrove.gateway.core.preprocess`). A continuation's
 prompt is the parent's exact context (its prompt ids + the ids it sampled, ending with a stop
 token) followed by what the template writes after that turn in the rendering of the whole new
 request:
@@ -48,7 +48,7 @@ from typing import Any
 import orjson
 
 from rowgrove.errors import BadRequest, InputError
-from rowgrove.gateway.preprocess import detect_content_format, engine_message
+from rowgrove.gateway.core.preprocess import detect_content_format, engine_message
 
 # apply_chat_template's own parameters, and the variables it fills from the tokenizer: a
 # chat_template_kwargs key with one of these names would change how rendering works (or which
@@ -102,9 +102,9 @@ class Renderer:
         self._backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
         self._template = _compiled_template(tokenizer)
         self._special = dict(tokenizer.special_tokens_map)
-        # the fast path (rowgrove.gateway.window): MiniJinja over the template's window form,
+        # the fast path (rowgrove.gateway.core.window): MiniJinja over the template's window form,
         # trusted per (tools, options) once it matched apply_chat_template
-        from rowgrove.gateway.window import fast_engine
+        from rowgrove.gateway.core.window import fast_engine
 
         self.fast, self.fast_declined = fast_engine(tokenizer.chat_template, self._special) \
             if vision is None else (None, "a vision model (images are expanded after rendering)")
@@ -325,7 +325,7 @@ class Renderer:
         """The whole rendering through the fast engine (setting `last_split`), or None where it
         declines; the first render of each (tools, options, add_generation_prompt) is compared
         with apply_chat_template, and a mismatch turns the fast path off for that key."""
-        from rowgrove.gateway.window import plain, split
+        from rowgrove.gateway.core.window import plain, split
 
         key = _options_key(tools, opts) + (b"1" if add_generation_prompt else b"0")
         if self._fast_verified.get(key) is False or not plain(tools) or not all(map(plain, prepared)):
@@ -353,7 +353,7 @@ class Renderer:
         prompt (`offset`: the index of the message the template's loop starts with), or None
         where the fast path declines or has not been verified for these (tools, options) by a
         full render."""
-        from rowgrove.gateway.window import plain, split
+        from rowgrove.gateway.core.window import plain, split
 
         if self.fast is None:
             return None

@@ -23,9 +23,9 @@ def chat_messages(value: Any, fmt: str, where: str) -> Any:
     if fmt == "chat":
         return value
     if fmt == "responses":
-        from rowgrove.gateway.responses_api import finish_messages
+        from rowgrove.gateway.dialects.responses_api import finish_messages
     elif fmt == "anthropic":
-        from rowgrove.gateway.anthropic_api import finish_messages
+        from rowgrove.gateway.dialects.anthropic_api import finish_messages
     else:
         raise BadRequest(f"'format' must be one of {', '.join(FORMATS)}, got {fmt!r}", param="format")
     return finish_messages(value, where)

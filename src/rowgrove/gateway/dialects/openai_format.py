@@ -22,7 +22,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.engines.base import SamplingParams
 from rowgrove.errors import BadRequest
-from rowgrove.gateway.validation import STRICT_DICT, checked_dict
+from rowgrove.gateway.dialects.validation import STRICT_DICT, checked_dict
 
 MAX_TOP_LOGPROBS = 20
 

@@ -35,8 +35,8 @@ from pydantic import Field, TypeAdapter, ValidationError, with_config
 from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.errors import BadRequest
-from rowgrove.gateway.openai_format import ChatRequest, parse_chat_request
-from rowgrove.gateway.validation import (
+from rowgrove.gateway.dialects.openai_format import ChatRequest, parse_chat_request
+from rowgrove.gateway.dialects.validation import (
     STRICT_DICT,
     Snapshot,
     Strict,
