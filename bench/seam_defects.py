@@ -281,7 +281,7 @@ def compare(reference: Sequence[Row], ref_weights: Sequence[np.ndarray], rows: S
         adv_ref[pos[r.rollout_id]] = float(r.advantage or 0.0) if r.valid else 0.0
         n_rows[pos[r.rollout_id]] += 1
     ids2, sig, w = rollout_signal(rows, weights)
-    order = np.asarray([ids2.index(rid) if rid in ids2 else -1 for rid in ids])
+    order = np.asarray([ids2.index(rid) if rid in ids2 else -1 for rid in ids], dtype=int)  # int even when empty
     sig = np.where(order >= 0, sig[order], 0.0)
     w = np.where(order >= 0, w[order], 0.0)
     live = w_ref > 0  # rollouts rowgrove trains

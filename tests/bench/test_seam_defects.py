@@ -238,3 +238,9 @@ def test_text_path_reorders_what_the_model_sampled_and_trains_ids_it_never_sampl
     assert list(out.rows[0].input_ids) == prompt + rerendered
     assert out.never_sampled_tokens == never_sampled(sampled, rerendered) > 0
     assert out.changed_spans == 1
+
+
+def test_compare_of_a_step_with_no_rows_gives_zero_figures_not_an_index_error():
+    # a step where every rollout was masked (e.g. a finish whose record names no reply) has no rows
+    figures = compare([], [], [], [])
+    assert figures["rollouts"] == 0 and figures["wrong_sign"] == 0.0 and figures["mass_ratio"] is None
