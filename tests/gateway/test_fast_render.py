@@ -214,3 +214,46 @@ def test_only_templates_that_read_part_types_get_part_lists():
     assert detect_content_format(untyped) == "string"
     if "glm-4.6" in SOURCES:
         assert detect_content_format(SOURCES["glm-4.6"]) == "string"
+
+
+# -- the proof's clauses, one template each --------------------------------------------------------
+
+_OK = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
+
+
+@pytest.mark.parametrize("template, why", [
+    ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{% endfor %}",
+     "namespace attribute"),
+    ("{% for m in messages %}{{ messages | length }}{% endfor %}", "reads messages"),
+    ("{% for m in messages %}{% if m.role == 'x' %}{% break %}{% endif %}{{ m.content }}{% endfor %}", "breaks"),
+    ("{% for m in messages %}{{ messages[loop.index0 - 1].role }}{% endfor %}", "neighbour"),
+    ("{% for m in messages %}{{ messages[loop.index0 + 2].role }}{% endfor %}", "neighbour"),
+    ("{% for m in messages %}{{ loop.length }}{% endfor %}", "loop.length"),
+    ("{% for m in messages %}{% if m.role == 'user' %}{% set last = m.content %}{% endif %}{{ last }}{% endfor %}",
+     "before assigning"),
+    ("{% set messages = messages[1:] %}{% for m in messages %}{{ m.content }}{% endfor %}", "reassigns messages"),
+    ("{% for m in messages %}{% for n in messages %}{{ n.content }}{% endfor %}{% endfor %}", "single top-level loop"),
+    ("{% macro f(l) %}{{ l.length }}{% endmacro %}{% for m in messages %}{{ f(loop) }}{% endfor %}", "whole"),
+])
+def test_the_proof_declines_what_it_cannot_show(template, why):
+    verdict = analyse(template)
+    assert isinstance(verdict, str) and why in verdict, verdict
+
+
+def test_the_proof_accepts_a_guarded_neighbour_and_prints_the_variables_the_loop_reads(tokenizer):
+    template = ("{% set ns = namespace(last=messages | length - 1) %}"
+                "{% for m in messages %}{% if loop.first or messages[loop.index0 - 1].role != m.role %}"
+                "<{{ m.role }}>{% endif %}{{ m.content }}{% if loop.index0 == ns.last %}!{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}<a>{% endif %}")
+    window = analyse(template)
+    assert not isinstance(window, str), window
+    assert window.pre_vars == ("ns",)
+    assert not isinstance(analyse(_OK), str)
+    engine, why = fast_engine(template, dict(tokenizer.special_tokens_map))
+    assert engine is not None, why
+    msgs = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]
+    whole = split(engine.render(msgs, None, {}, True))
+    assert whole.text == tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                                       chat_template=template)
+    part = split(engine.render(msgs, None, {}, True, 2), 1)
+    assert part.items == whole.items[2:] and part.v == whole.v and "2" in part.v

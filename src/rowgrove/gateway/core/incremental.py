@@ -60,7 +60,6 @@ _MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "
 _LOOP_OK = frozenset({"index0", "index", "first", "last", "cycle", "depth", "depth0", "nextitem", "previtem"})
 _BLOCK = re.compile(r"\{%([-+]?)\s*(\w+)(.*?)([-+]?)%\}", re.S)
 _COMMENT = re.compile(r"\{#.*?#\}", re.S)
-_INSERT_VARS = ("rowgrove_from", "rowgrove_mark")
 
 
 @dataclass(frozen=True)
@@ -287,6 +286,10 @@ class _Reads:
         raise Decline(f"the main loop uses {type(node).__name__}")
 
     def expr(self, node: jn.Node, defined: set[str]) -> None:
+        if isinstance(node, jn.Getattr) and isinstance(node.node, jn.Name) and node.node.name == "loop":
+            return  # loop.<attr>: which attributes may be read is checked on the whole body
+        if isinstance(node, jn.Name) and node.name == "loop":
+            raise Decline("the main loop passes `loop` whole (a macro could read its length)")
         if isinstance(node, jn.Name):
             self.name(node.name, defined)
             return

@@ -75,8 +75,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 def supported(source: str) -> str | None:
-    """None when MiniJinja may render `source` (every filter, test, method and global it uses is
-    listed above, and it prints no `~` concatenation outside `raise_exception`), else why not."""
+    """None when MiniJinja may render `source` (every filter, test, method and function it calls is
+    listed above or a macro of its own, and it uses no `~` concatenation or `%` formatting outside
+    `raise_exception`), else why not."""
     try:
         ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
     except jinja2.TemplateError as e:
@@ -88,7 +89,10 @@ def supported(source: str) -> str | None:
         if node.name not in _TESTS:
             return f"test {node.name}"
     raising = set()
+    macros = {m.name for m in ast.find_all(jn.Macro)}
     for node in ast.find_all(jn.Call):
+        if isinstance(node.node, jn.Name) and node.node.name not in macros | _GLOBALS:
+            return f"function {node.node.name}"
         if isinstance(node.node, jn.Name) and node.node.name == "raise_exception":
             raising.update(id(n) for n in node.find_all(jn.Node))
         elif isinstance(node.node, jn.Getattr) and node.node.attr not in _METHODS:
