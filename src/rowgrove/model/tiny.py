@@ -244,6 +244,67 @@ def build_tiny_model(out_dir: str | Path, *, template: str = "chatml", seed: int
                                                         tie_embeddings=tie_embeddings))
 
 
+def ending_model_dir(src: str | Path, p_end: float = 0.25) -> Path:
+    """A copy of the tiny model folder `src` that ends its turns like a trained model, for tests and
+    benchmarks against real servers (which sample; a random model almost never samples its stop
+    token, so its conversations would never continue).
+
+    `p_end > 0`: the output row of the end-of-turn token points along the mean final hidden state,
+    scaled so that the token is sampled with probability about `p_end` per step (turns end with
+    finish "stop" within a few tokens). `p_end = 0`: no stop or special id is ever sampled, so a
+    request runs until its max_tokens or its client leaves. Built once next to `src` (renamed into
+    place, so a reader never sees half a folder) and reused."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rowgrove.model.load import end_of_turn_id, load_tokenizer, stop_token_ids
+
+    src = Path(src)
+    out = src.with_name(src.name + f"-ending{int(p_end * 100)}v2")
+    if (out / "rowgrove-ending.json").is_file():
+        return out
+    tok = load_tokenizer(str(src))
+    eot = end_of_turn_id(tok)
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        ids = torch.randint(0, len(tok), (8, 48), generator=g)
+        h = model.model(input_ids=ids).last_hidden_state.reshape(-1, model.config.hidden_size)
+        u = h.mean(0) / h.mean(0).norm()
+        head = model.lm_head.weight  # (tied: the input embedding too)
+        if p_end <= 0:  # never end: every stop id's row points away from the hidden states
+            # residual dimension 0 of every input embedding is 1 (the init's values are ~0.02), so
+            # the final hidden state's dimension 0 is about +8 at every position; the output rows
+            # read it with +1, the stop ids' rows with -1: a stop id trails every other token by
+            # ~16 logits. (Tied: the input embedding is the output layer, one tensor.)
+            emb = model.get_input_embeddings().weight
+            emb[:, 0] = 1.0
+            head[:, 0] = 1.0
+            for sid in set(stop_token_ids(tok, src)) | set(tok.all_special_ids):
+                head[sid, 0] = -1.0
+        else:
+            lo, hi = 0.0, 200.0
+            for _ in range(40):
+                head[eot] = (lo + hi) / 2 * u
+                p = torch.softmax(h @ head.T, -1)[:, eot].mean().item()
+                lo, hi = ((lo + hi) / 2, hi) if p < p_end else (lo, (lo + hi) / 2)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)) / "m"
+    shutil.copytree(src, tmp)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    (tmp / "rowgrove-ending.json").write_text(json.dumps({"from": str(src), "p_end": p_end}) + "\n")
+    try:
+        tmp.rename(out)
+    except OSError:  # another builder finished first
+        if not (out / "rowgrove-ending.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp.parent, ignore_errors=True)
+    return out
+
+
 def cache_root() -> Path:
     """$ROWGROVE_CACHE, default ~/.cache/rowgrove."""
     return Path(os.environ.get("ROWGROVE_CACHE") or Path.home() / ".cache" / "rowgrove")
