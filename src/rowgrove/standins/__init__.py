@@ -9,6 +9,7 @@ logprobs can be checked end to end; faults are injected on request (see `common`
     python -m rowgrove.standins vllm --model tiny --port 8001
 """
 
-from rowgrove.standins.common import FAULTS, StandinHandle, launch_standin, start_standin
+from rowgrove.standins.common import FAULTS
+from rowgrove.standins.launch import StandinHandle, launch_standin, start_standin
 
 __all__ = ["FAULTS", "StandinHandle", "launch_standin", "start_standin"]

@@ -2,7 +2,7 @@
 what the server saw, and running an ASGI app on a free loopback port.
 
 Faults are what a client of a real server meets: `POST /_standin/fault {"mode": M, "count": N}`
-(or `StandinHandle.fault(M, N)`) makes the next N generate requests (N = -1: all) suffer M:
+(or `StandinHandle.fault(M, N)`, rowgrove.standins.launch) makes the next N generate requests (N = -1: all) suffer M:
 
     "500" | "502" | "429" | "503" | "400"   that status with the server's error body (429/503 with Retry-After)
     "hang"          never answer (until the client gives up or disconnects)
@@ -34,12 +34,10 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -299,27 +297,6 @@ async def wait_or_disconnect(request: Request, seconds: float | None) -> bool:
     return False
 
 
-class StandinHandle:
-    """A running stand-in: its URL, state and engine; `fault(...)` arms a fault."""
-
-    def __init__(self, url: str, state: StandinState, engine: Any, server: Any, thread: threading.Thread):
-        self.url = url
-        self.state = state
-        self.engine = engine
-        self._server = server
-        self._thread = thread
-
-    def fault(self, mode: str | None, count: int = 1, delay: float | None = None) -> None:
-        self.state.set_fault(mode, count, delay)
-
-    def log(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/_standin/log", timeout=10).json()
-
-    def close(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=30)
-
-
 def run_app(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> tuple[Any, threading.Thread, str]:
     """Start `app` under uvicorn in a daemon thread; (server, thread, url) once it listens."""
     import uvicorn
@@ -344,33 +321,3 @@ def run_app(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> tuple[Any, t
         time.sleep(0.005)
     bound = server.servers[0].sockets[0].getsockname()[1]
     return server, thread, f"http://{host}:{bound}"
-
-
-@contextmanager
-def start_standin(kind: str, model: str = "tiny", **options: Any) -> Iterator[StandinHandle]:
-    """A stand-in server of `kind` ("vllm" | "sglang") over `model` on a free loopback port.
-    `options` go to the server's `create_app` (e.g. sglang's `incremental=True`)."""
-    handle = launch_standin(kind, model, **options)
-    try:
-        yield handle
-    finally:
-        handle.close()
-
-
-def launch_standin(kind: str, model: str = "tiny", *, engine: Any = None, **options: Any) -> StandinHandle:
-    """Start a stand-in (see `start_standin`) and return its handle; `.close()` it when done.
-    `engine`: the engine that samples (default: an hf engine on `model`)."""
-    if kind == "vllm":
-        from rowgrove.standins.vllm import create_app
-    elif kind == "sglang":
-        from rowgrove.standins.sglang import create_app
-    else:
-        raise RowgroveError(f"no stand-in for {kind!r}: use vllm or sglang")
-    if engine is None:
-        from rowgrove.engines import make_engine
-
-        engine = make_engine("hf", model, max_batch=16)
-    state = StandinState()
-    app = create_app(engine, model, state, **options)
-    server, thread, url = run_app(app)
-    return StandinHandle(url, state, engine, server, thread)
