@@ -272,7 +272,7 @@ def served(request, tmp_path_factory):
     """The gateway in front of a vLLM or SGLang stand-in (real HTTP both ways, streaming from the
     server), engine timeout 1 s so a hang is quick."""
     from rowgrove.engines import make_engine
-    from rowgrove.standins.common import start_standin
+    from rowgrove.standins import start_standin
 
     with start_standin(request.param, "tiny") as server:
         engine = make_engine(request.param, "tiny", url=server.url, timeout=1.0)
