@@ -23,6 +23,14 @@ Figures (bench/results/gateway.json):
 
     .venv/bin/python bench/bench_gateway.py [--quick]
 
+`--before TREE` measures only the gateway's per-call cost against the source tree TREE (e.g.
+`git worktree add /tmp/rowgrove-before <commit>`), side by side in one run
+(bench/results/gateway_before_after.json): throughput of one process at 32 and 64 concurrent
+rollouts (saturated, so 1000 / req_per_s is the CPU time per call, all of it: HTTP, validation,
+hashing, rendering, tokenizing, SQLite, the response), server-side and end-to-end p50/p99, and
+latency at 1; the two trees alternate, three times each, and the medians are kept (the
+machine's load drifts: other processes share it).
+
 `--dialects-before SRC` measures only the cost of the request dialects instead
 (bench/results/gateway_dialects.json): the same conversation over Chat Completions on the gateway
 of an earlier source tree SRC and on this one, and over the Responses and Messages routes on this
@@ -453,6 +461,60 @@ def parse_cost(before_src: str, turns: tuple[int, ...], number: int) -> dict[str
     return out
 
 
+def before_after(tree: str, quick: bool) -> dict[str, Any]:
+    """`--before TREE`: the gateway of TREE and of this tree, alternating (module docstring)."""
+    src = str(Path(tree).resolve() / "src")
+    if not (Path(src) / "rowgrove" / "gateway" / "app.py").is_file():
+        raise SystemExit(f"--before {tree}: not a source tree with src/rowgrove in it "
+                         "(e.g. git worktree add /tmp/rowgrove-before <commit>)")
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_avg_at_start": round(os.getloadavg()[0], 2)},
+        "engine": "null (fixed tokens, zero logprobs): the figures are the gateway's own cost",
+        "before": tree, "conversation": "this file's: a system prompt, then user/assistant text turns",
+    }
+    shapes = ((32, 64 if quick else 128, 4 if quick else 16), (64, 64 if quick else 128, 4 if quick else 16),
+              (1, 4 if quick else 16, 8 if quick else 32))
+    with tempfile.TemporaryDirectory(prefix="rowgrove-bench-ba-") as tmp:
+        for conc, rollouts, turns in shapes:
+            runs: dict[str, list[dict]] = {"before": [], "after": []}
+            for rnd in range(3):
+                for label in ("before", "after"):
+                    async def go(port: int) -> dict:
+                        await drive(port, min(rollouts, conc), conc, 2)  # warm-up
+                        return await drive(port, rollouts, conc, turns)
+
+                    env = {"PYTHONPATH": src} if label == "before" else None
+                    res = _run("gateway", f"{tmp}/ba-{label}-{conc}-{rnd}.db", go, env=env)
+                    runs[label].append({"server": _pcts([ms for _, ms in res["srv"]]),
+                                        "end_to_end": _pcts([ms for _, ms in res["lat"]]),
+                                        "req_per_s": res["requests"] / res["wall_s"]})
+            row: dict[str, Any] = {"concurrency": conc, "rollouts": rollouts, "turns_per_rollout": turns}
+            for label, rs in runs.items():
+                rps = float(np.median([r["req_per_s"] for r in rs]))
+                row[label] = {
+                    "req_per_s": round(rps, 1),
+                    "cpu_ms_per_call": round(1000 / rps, 4) if conc > 1 else None,
+                    "server_p50_ms": round(float(np.median([r["server"]["p50_ms"] for r in rs])), 4),
+                    "server_p99_ms": round(float(np.median([r["server"]["p99_ms"] for r in rs])), 4),
+                    "end_to_end_p50_ms": round(float(np.median([r["end_to_end"]["p50_ms"] for r in rs])), 4),
+                    "end_to_end_p99_ms": round(float(np.median([r["end_to_end"]["p99_ms"] for r in rs])), 4),
+                }
+            row["throughput_after_over_before"] = round(row["after"]["req_per_s"] / row["before"]["req_per_s"], 3)
+            results[f"c{conc}"] = row
+            print(f"c={conc}: req/s before {row['before']['req_per_s']} after {row['after']['req_per_s']}; "
+                  f"e2e p99 before {row['before']['end_to_end_p99_ms']} after {row['after']['end_to_end_p99_ms']} ms",
+                  flush=True)
+    results["load_avg_at_end"] = round(os.getloadavg()[0], 2)
+    results["quick"] = quick
+    print(json.dumps(results, indent=1))
+    if not quick:
+        path = RESULTS.parent / "gateway_before_after.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
 def dialects_main(before_src: str, quick: bool) -> dict[str, Any]:
     """`--dialects-before SRC`: only the dialect figure (bench/results/gateway_dialects.json)."""
     src = str(Path(before_src).resolve())
@@ -493,6 +555,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dialects-before", metavar="SRC",
                    help="only the dialect figure: Chat on the gateway in source tree SRC against Chat, "
                         "Responses and Messages on this one")
+    p.add_argument("--before", metavar="TREE",
+                   help="only the per-call cost: the gateway of source tree TREE against this one, alternating")
     p.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "LEDGER"), help=argparse.SUPPRESS)
     p.add_argument("--probe-parse", nargs=2, type=int, metavar=("TURNS", "NUMBER"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -504,6 +568,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     if args.dialects_before:
         return dialects_main(args.dialects_before, args.quick)
+    if args.before:
+        return before_after(args.before, args.quick)
     q = args.quick
     with tempfile.TemporaryDirectory(prefix="rowgrove-bench-gw-") as tmp:
         results = {
