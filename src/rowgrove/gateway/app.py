@@ -4,8 +4,8 @@ control routes that create, finish and inspect rollouts.
 
     POST /v1/rollouts                                   create → {rollout_id, base_url, api_key}
     POST /rollouts/{rollout_id}/v1/chat/completions     OpenAI Chat Completions (stream or not)
-    POST /rollouts/{rollout_id}/v1/responses            OpenAI Responses API (gateway.responses_api)
-    POST /rollouts/{rollout_id}/v1/messages             Anthropic Messages API (gateway.anthropic_api)
+    POST /rollouts/{rollout_id}/v1/responses            OpenAI Responses API (gateway.dialects.responses_api)
+    POST /rollouts/{rollout_id}/v1/messages             Anthropic Messages API (gateway.dialects.anthropic_api)
     GET  /rollouts/{rollout_id}/v1/models               the served model (client.models.list())
     POST /v1/rollouts/{rollout_id}/finish               accepted conversation(s) + reward
     GET  /v1/rollouts/{rollout_id}                      lineage

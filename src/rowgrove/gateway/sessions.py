@@ -96,7 +96,7 @@ class RolloutSession:
     `index` is built lazily from the ledger (so a restarted server continues where it stopped);
     `inflight` maps the request key of each call still generating to a future of its response,
     for SDK retries that arrive before the original finished. `responses` keeps, per Responses
-    API response id, the conversation that response ends (`gateway.responses_api`).
+    API response id, the conversation that response ends (`gateway.dialects.responses_api`).
     """
 
     rollout_id: str
