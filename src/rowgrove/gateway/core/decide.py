@@ -1,4 +1,4 @@
-"""Root or continuation, decided per call before generation (docs/gateway.md, "How decide works").
+"""Root or continuation, decided per call before generation (docs/gateway.md, "The window path").
 Pure: no I/O, no clock, no "previous call" state.
 
     h0 = chain_start(tools, options); h_i = chain_step(h_{i-1}, message_hash(m_i))
@@ -14,6 +14,12 @@ Pure: no I/O, no clock, no "previous call" state.
 
 A continuation whose history the template renders differently from what the model saw and
 sampled keeps the parent's tokens and is marked `drift` (a history-drift continuation).
+
+The window path (`_window_continuation`): when the parent stored its window facts (`WindowInfo`)
+and the template's window proof holds, only the messages from the parent's last request message
+on are rendered, and the result is compared with what the parent stored; it gives the very text
+the whole rendering gives, so the same ids, at a cost that does not grow with the history. Any
+doubt (facts missing or changed, drift) falls back to the whole rendering.
 
 `RolloutIndex` holds one rollout's completed calls (by summary hash, with their token contexts) and
 a memo of message hashes, so a call's hashing cost does not grow with the history already hashed:

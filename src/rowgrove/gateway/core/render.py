@@ -31,10 +31,14 @@ DeepSeek-R1 template that opens its tool-outputs block once per conversation, a 
 that checks role alternation, a Mistral template that demands 9-character tool-call ids), the new
 part is what the template itself writes for this request.
 
-Cost: one template render of the request (two on drift), one string comparison with the parent's
-text, and tokenization of the new part only. The direct render of the compiled template replaces
-`apply_chat_template` (the same Jinja, the same variables) once it matched it for a (tools,
-options); a continuation never tokenizes the history.
+Cost: where the template's window proof holds (`core.incremental`), a continuation renders only
+its window with MiniJinja (`core.window`; `decide._window_continuation`), and the text it adds is
+the same as the whole rendering's. Otherwise one template render of the request (two on drift),
+one string comparison with the parent's text, and tokenization of the new part only. A whole
+rendering goes through MiniJinja, or through the compiled jinja2 template (the same variables as
+`apply_chat_template`), once either matched `apply_chat_template` for a (tools, options); a
+continuation never tokenizes the history, and a root tokenizes each piece of text between added
+tokens once per renderer (`encode_prompt`).
 """
 
 from __future__ import annotations
