@@ -257,3 +257,24 @@ def test_the_proof_accepts_a_guarded_neighbour_and_prints_the_variables_the_loop
                                                        chat_template=template)
     part = split(engine.render(msgs, None, {}, True, 2), 1)
     assert part.items == whole.items[2:] and part.v == whole.v and "2" in part.v
+
+
+@pytest.mark.parametrize("template, why", [
+    # jinja2 calls a string a sequence, MiniJinja does not
+    ("{% for m in messages %}{{ 'L' if m.content is sequence }}{% endfor %}", "test sequence"),
+    # jinja2 refuses to order a string against a number, MiniJinja answers False
+    ("{% for m in messages %}{% if m.content < 3 %}x{% endif %}{% endfor %}", "ordering comparison"),
+    ("{% for m in messages %}{% set x = m.content %}{% if x > 1 %}x{% endif %}{% endfor %}", "ordering comparison"),
+    ("{% set ns = namespace(a=0) %}{% for m in messages %}{% set ns.a = m.content %}"
+     "{% if ns.a >= 3 %}x{% endif %}{% endfor %}", "ordering comparison"),
+    ("{% for m in messages %}{{ m.role ~ '!' }}{% endfor %}", "Concat"),
+    ("{% for m in messages %}{{ m.content | title }}{% endfor %}", "filter title"),
+])
+def test_minijinja_is_refused_where_the_engines_differ(template, why):
+    from rowgrove.gateway.core.window import supported
+
+    verdict = supported(template)
+    assert verdict is not None and why in verdict, verdict
+    # the positions and lengths a template computes itself may be ordered
+    assert supported("{% set ns = namespace(last=messages | length - 1) %}{% for m in messages %}"
+                     "{% if loop.index0 > ns.last %}x{% endif %}{% endfor %}") is None

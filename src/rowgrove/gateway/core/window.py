@@ -41,8 +41,10 @@ except ImportError:  # pragma: no cover
     minijinja = None
 
 _FILTERS = frozenset({"tojson", "length", "trim", "upper", "lower", "items", "first", "last", "join",
-                      "default", "d", "list", "reverse", "count", "replace", "unique"})
-_TESTS = frozenset({"defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number",
+                      "default", "d", "list", "reverse", "count", "replace"})
+_ORDER = frozenset({"lt", "gt", "lteq", "gteq"})
+# not `sequence` (a string is one in jinja2, not in MiniJinja)
+_TESTS = frozenset({"defined", "undefined", "none", "string", "mapping", "iterable", "number",
                     "integer", "true", "false", "boolean", "eq", "equalto", "ne", "in"})
 _METHODS = frozenset({"startswith", "endswith", "strip", "lstrip", "rstrip", "split", "items", "keys",
                       "values", "get", "upper", "lower", "replace"})
@@ -100,11 +102,59 @@ def supported(source: str) -> str | None:
     for node in ast.find_all(jn.Concat | jn.Mod):
         if id(node) not in raising:
             return f"{type(node).__name__} outside raise_exception (stringifies values)"
+    # an ordering comparison of a string with a number is an error in jinja2 and False in MiniJinja:
+    # its operands may only be numbers the template computes itself (positions, lengths, counters)
+    assigns = [a for a in ast.find_all(jn.Assign) if isinstance(a.target, jn.Name | jn.NSRef)]
+    namespaces = {a.target.name for a in assigns if isinstance(a.target, jn.Name) and isinstance(a.node, jn.Call)
+                  and isinstance(a.node.node, jn.Name) and a.node.node.name == "namespace"}
+    loop_targets = {t.name for f in ast.find_all(jn.For) for t in f.target.find_all(jn.Name)} | \
+        {f.target.name for f in ast.find_all(jn.For) if isinstance(f.target, jn.Name)}
+    # names (and namespace attributes, as "ns.attr") every assignment of which is a counted number
+    names = {a.target.name for a in assigns if isinstance(a.target, jn.Name)} - namespaces - loop_targets
+    local = set(names)
+    for _ in range(len(names) + 1):  # drop a name fed by anything uncounted, until nothing changes
+        keep = {n for n in local if all(_counted(a.node, local, namespaces) for a in assigns
+                                        if isinstance(a.target, jn.Name) and a.target.name == n)}
+        if keep == local:
+            break
+        local = keep
+    uncounted: set[tuple[str, str]] = set()  # namespace attributes fed by anything else
+    for a in assigns:
+        if isinstance(a.target, jn.NSRef) and not _counted(a.node, local, namespaces):
+            uncounted.add((a.target.name, a.target.attr))
+        elif isinstance(a.target, jn.Name) and a.target.name in namespaces and isinstance(a.node, jn.Call):
+            uncounted.update((a.target.name, k.key) for k in a.node.kwargs
+                             if not _counted(k.value, local, namespaces))
+    for node in ast.find_all(jn.Compare):
+        if any(op.op in _ORDER for op in node.ops) and not all(
+                _counted(x, local, namespaces, uncounted) for x in [node.expr, *(op.expr for op in node.ops)]):
+            return "an ordering comparison of values the request carries"
     for node in ast.find_all(jn.Slice):
         step = node.step.node if isinstance(node.step, jn.Neg) else node.step
         if step is not None and not (isinstance(step, jn.Const) and step.value == 1):
             return "a slice step"
     return None
+
+
+def _counted(node: jn.Node, local: set[str], namespaces: set[str],
+             uncounted: set[tuple[str, str]] = frozenset()) -> bool:
+    """Whether `node` is a number the template computes itself: a constant, a `loop` attribute, a
+    `length`, a variable or namespace attribute the template sets only to such numbers, or
+    arithmetic of those."""
+    if isinstance(node, jn.Const):
+        return isinstance(node.value, int | float) and not isinstance(node.value, bool)
+    if isinstance(node, jn.Getattr) and isinstance(node.node, jn.Name):
+        name = node.node.name
+        return name == "loop" or (name in namespaces and (name, node.attr) not in uncounted)
+    if isinstance(node, jn.Filter):
+        return node.name in ("length", "count")
+    if isinstance(node, jn.Name):
+        return node.name in local
+    if isinstance(node, jn.Add | jn.Sub | jn.Mul | jn.FloorDiv):
+        return _counted(node.left, local, namespaces, uncounted) and _counted(node.right, local, namespaces, uncounted)
+    if isinstance(node, jn.Neg | jn.Pos):
+        return _counted(node.node, local, namespaces, uncounted)
+    return False
 
 
 @dataclass(frozen=True)
