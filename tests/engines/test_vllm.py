@@ -102,7 +102,7 @@ def test_whole_body_has_vllm_shape_and_the_sampled_ids(server):
     assert r.status_code == 200
     body = r.json()
     assert list(body) == ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
-                          "usage", "kv_transfer_params"]
+                          "usage", "kv_transfer_params", "ec_transfer_params", "metrics"]
     assert body["id"] == "cmpl-shape-1" and body["object"] == "text_completion" and body["model"] == "tiny"
     (choice,) = body["choices"]
     assert list(choice) == ["index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids",
@@ -139,7 +139,7 @@ def test_stream_sends_deltas_then_usage_then_done(server):
                                                          "completion_tokens": 10}
     assert len(chunks) == 3  # 4 + 4 + 2 tokens: one chunk per sampled piece
     for k, c in enumerate(chunks):
-        assert c["id"] == "cmpl-stream-1" and c["object"] == "text_completion" and c["usage"] is None
+        assert c["id"] == "cmpl-stream-1" and c["object"] == "text_completion" and "usage" not in c
         (choice,) = c["choices"]
         assert list(choice) == ["index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_token_ids",
                                 "token_ids"]
@@ -188,7 +188,8 @@ def test_seeds_greedy_stop_ids_and_stop_strings(server):
     pytest.param({"logprobs": 21}, 400, "logprobs", "greater than max allowed: 20", id="too-many-logprobs"),
     pytest.param({"stream_options": {"include_usage": True}}, 400, "stream_options", "only be defined when",
                  id="stream-options-without-stream"),
-    pytest.param({"prompt": [5000]}, 400, "prompt", "Token id 5000 is out of vocabulary", id="id-outside-vocab"),
+    # vLLM 0.32 names no param for an id outside the vocabulary (checked against the real server)
+    pytest.param({"prompt": [5000]}, 400, None, "Token id 5000 is out of vocabulary", id="id-outside-vocab"),
     pytest.param({"prompt": []}, 400, "prompt", "must be provided and non-empty", id="empty-prompt"),
     pytest.param({"n": 2}, 400, "n", "does not support n=2", id="n"),
     pytest.param({"top_k": 5}, 400, "top_k", "does not support top_k=5", id="top-k"),

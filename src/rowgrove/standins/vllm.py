@@ -230,7 +230,7 @@ class VLLMStandin:
                            "a list of lists of ints, a string or a list of strings", param="prompt")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise _Refusal(f"Token id {max(bad)} is out of vocabulary", param="prompt")
+            raise _Refusal(f"Token id {max(bad)} is out of vocabulary")  # vLLM names no param here
 
         stream = bool(get("stream", (bool,), False, "a boolean"))
         stream_options = body.get("stream_options")
@@ -490,6 +490,8 @@ class VLLMStandin:
             "usage": {"prompt_tokens": len(req.prompt), "total_tokens": len(req.prompt) + len(ids),
                       "completion_tokens": len(ids), "prompt_tokens_details": None},
             "kv_transfer_params": None,
+            # vLLM 0.32 (CP CompletionResponse): encoder-cache transfer and per-request metrics
+            "ec_transfer_params": None, "metrics": None,
         }
         raw = orjson.dumps(body)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
@@ -538,12 +540,11 @@ class VLLMStandin:
                         "prompt_token_ids": req.prompt if first and req.return_token_ids else None,
                         "token_ids": delta_ids if req.return_token_ids else None,
                     }
-                    usage = None
-                    if req.continuous_usage:
-                        usage = {"prompt_tokens": len(req.prompt), "total_tokens": len(req.prompt) + len(ids),
-                                 "completion_tokens": len(ids), "prompt_tokens_details": None}
                     chunk = {"id": cid, "object": "text_completion", "created": created, "model": self.served,
-                             "choices": [choice], "usage": usage}
+                             "choices": [choice]}
+                    if req.continuous_usage:  # CS dumps chunks with exclude_unset: no usage key otherwise
+                        chunk["usage"] = {"prompt_tokens": len(req.prompt), "total_tokens": len(req.prompt) + len(ids),
+                                          "completion_tokens": len(ids), "prompt_tokens_details": None}
                     await send({"type": "http.response.body", "body": _event(chunk), "more_body": True})
                     first = False
                     if fault == "cut":
@@ -700,9 +701,9 @@ class VLLMStandin:
         return {"files": [f.name for f in files], "tensors": len(tensors)}
 
     async def reset_prefix_cache(self, request: Request) -> Response:
-        """POST /reset_prefix_cache (CCH) → 200, empty body."""
+        """POST /reset_prefix_cache (CCH) → 200 `{"success": true}` (vLLM 0.32; older: empty body)."""
         self.state.event("/reset_prefix_cache")
-        return Response(status_code=200)
+        return json_response({"success": True})
 
     async def weight_info(self, request: Request) -> Response:
         """GET /weight_info (RL-b, PR #49040) → {"weight_version": str} ("default" at start)."""
