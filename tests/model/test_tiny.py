@@ -97,3 +97,27 @@ def test_load_specs_and_end_of_turn(spec, eot):
 def test_load_unknown_spec_says_what_to_do(tmp_path):
     with pytest.raises(InputError, match="neither a tiny spec"):
         load_tokenizer(str(tmp_path / "nope"))
+
+
+def test_heads_and_tying_are_build_options_and_the_default_build_keeps_its_name(tmp_path):
+    """`heads` / `tie_embeddings` shape the model (servable_kwargs: head_dim 32, what vLLM's CPU
+    attention needs); the default configuration hashes as before, so cached folders stay valid."""
+    import json
+
+    from safetensors import safe_open
+
+    from rowgrove.errors import InputError
+    from rowgrove.model.tiny import build_tiny_model, config_hash, servable_kwargs
+
+    base = dict(template="chatml", seed=0, layers=2, hidden=64, vocab_size=1024, extra_corpus=())
+    assert config_hash(**base) == config_hash(**base, heads=4, tie_embeddings=True)
+    assert config_hash(**base, heads=2) != config_hash(**base)
+    assert config_hash(**base, tie_embeddings=False) != config_hash(**base)
+    out = build_tiny_model(tmp_path / "m", **servable_kwargs(), tie_embeddings=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] == 32
+    assert cfg["num_key_value_heads"] == 1 and cfg["tie_word_embeddings"] is False
+    with safe_open(str(out / "model.safetensors"), "pt") as st:
+        assert "lm_head.weight" in set(st.keys())
+    with pytest.raises(InputError, match="heads"):
+        build_tiny_model(tmp_path / "bad", hidden=64, heads=3)
