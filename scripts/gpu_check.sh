@@ -4,14 +4,19 @@
 # generation and of training for each. Runs in under 10 minutes on one GPU. Without a GPU it
 # says so and exits 0.
 #
-#   scripts/gpu_check.sh                      # tiny model (built offline), 3 steps each
+# vLLM is started by `python -m rowgrove.engines.launch` (rowgrove.engines.launch.start_vllm),
+# the same command line the CPU suite (tests/vllm_real) runs against vLLM's CPU build, and every
+# weight sync of the run is verified against the trainer's logprobs (sync_tolerance).
+#
+#   scripts/gpu_check.sh                      # tiny model (built offline, head_dim 32), 3 steps each
 #   ROWGROVE_GPU_MODEL=/models/Qwen3-0.6B scripts/gpu_check.sh
 #
 # Environment: PY (python with rowgrove installed; default .venv/bin/python, else python3),
-# ROWGROVE_GPU_MODEL (a Hugging Face model folder, default the tiny model), STEPS (default 3),
-# OUT (default a temporary folder), BUDGET_S (seconds per run, default 150).
+# VLLM_PY (python with vLLM installed; default PY when it imports vllm), ROWGROVE_GPU_MODEL (a
+# Hugging Face model folder, default the tiny model), STEPS (default 3), OUT (default a temporary
+# folder), BUDGET_S (seconds per run, default 150).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 STEPS=${STEPS:-3}
@@ -25,12 +30,16 @@ fi
 "$PY" -c "import torch; print('gpu_check:', torch.cuda.get_device_name(0), 'torch', torch.__version__)"
 
 # The model folder every run starts from (and every server serves).
+# The tiny default is built servable (head_dim 32, the CPU suite's shape) and served in fp32, so
+# weight syncs compare within the default tolerance; a bf16 model needs a looser one.
 MODEL=${ROWGROVE_GPU_MODEL:-}
 if [ -z "$MODEL" ]; then
-  MODEL=$("$PY" -c "from rowgrove.model.load import model_dir; print(model_dir('tiny'))")
+  MODEL=$("$PY" -c "from rowgrove.model.tiny import servable_kwargs, tiny_model_dir; print(tiny_model_dir(**servable_kwargs()))")
   COMMON=(--set warmup_sft_steps=0 --set max_tokens=32 --set prompts_per_step=8 --set rollouts_per_prompt=8)
+  VLLM_EXTRA=(--dtype float32)
 else
-  COMMON=(--set dtype=bfloat16 --set warmup_sft_steps=0 --set max_tokens=128 --set prompts_per_step=8 --set rollouts_per_prompt=8 --set lr=1e-6)
+  COMMON=(--set dtype=bfloat16 --set warmup_sft_steps=0 --set max_tokens=128 --set prompts_per_step=8 --set rollouts_per_prompt=8 --set lr=1e-6 --set sync_tolerance=0.2)
+  VLLM_EXTRA=(--dtype bfloat16)
 fi
 COMMON+=(--model "$MODEL" --device cuda --steps "$STEPS" --set eval_prompts=0 --set checkpoint_every=0 --no-progress)
 
@@ -75,10 +84,13 @@ run_server() {  # kind port command...
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
 }
 
-if "$PY" -c "import vllm" 2>/dev/null; then
-  # dev mode: the weight-sync routes (/pause, /collective_rpc, /reset_prefix_cache) are dev routes
-  run_server vllm 18001 env VLLM_SERVER_DEV_MODE=1 "$PY" -m vllm.entrypoints.openai.api_server \
-    --model "$MODEL" --port 18001 --logprobs-mode raw_logprobs --gpu-memory-utilization 0.4 --enforce-eager
+VLLM_PY=${VLLM_PY:-$PY}
+if "$VLLM_PY" -c "import vllm" 2>/dev/null; then
+  # rowgrove's launcher: dev mode (the weight-sync routes), raw logprobs, no generation-config
+  # defaults, the server's process group ended with the launcher
+  run_server vllm 18001 "$PY" -m rowgrove.engines.launch "$MODEL" --port 18001 --device cuda \
+    --python "$VLLM_PY" --log "$OUT/vllm-serve.log" --startup-timeout 230 \
+    -- "${VLLM_EXTRA[@]}" --gpu-memory-utilization 0.4 --enforce-eager
 else
   echo "gpu_check: vllm is not installed: skipped"
 fi

@@ -29,6 +29,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -165,10 +166,21 @@ def start_vllm(model: str | Path, *, python: str | Path | None = None, port: int
     proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
     server = VLLMServer(url=f"http://127.0.0.1:{port}", process=proc, log_path=log, model=Path(model), _log=handle)
     deadline = t0 + startup_timeout
+    try:
+        _wait_healthy(server, deadline, startup_timeout)
+    except BaseException:  # a timeout, a failed start, or the caller interrupted: no server left behind
+        server.stop()
+        raise
+    server.startup_s = time.monotonic() - t0
+    return server
+
+
+def _wait_healthy(server: VLLMServer, deadline: float, startup_timeout: float) -> None:
+    """Return once the server's /health is 200; EngineError when it exits or the deadline passes."""
+    proc, model, log = server.process, server.model, server.log_path
     with httpx.Client(timeout=2.0) as http:
         while True:
             if proc.poll() is not None:
-                server.stop()
                 raise EngineError(f"vllm serve {model} exited with code {proc.returncode} during start-up "
                                   f"(log {log}):\n{server.log_tail()}")
             try:
@@ -177,12 +189,9 @@ def start_vllm(model: str | Path, *, python: str | Path | None = None, port: int
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                server.stop()
                 raise EngineError(f"vllm serve {model} did not answer /health within {startup_timeout:.0f} s "
                                   f"(log {log}):\n{server.log_tail()}")
             time.sleep(0.5)
-    server.startup_s = time.monotonic() - t0
-    return server
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,29 +206,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--python", default=None, help="python of vLLM's environment")
     ap.add_argument("--log", default=None)
     ap.add_argument("--startup-timeout", type=float, default=240.0)
-    ap.add_argument("extra", nargs="*", help="more `vllm serve` flags, after --")
-    args = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # more `vllm serve` flags, after --
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+
+    class _Stop(Exception):
+        pass
+
+    def _stop(*_: object) -> None:
+        raise _Stop
+
+    # handlers first: a SIGTERM while vLLM starts must still end vLLM's process group
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    server = None
     try:
         server = start_vllm(args.model, python=args.python, port=args.port, device=args.device,
-                            extra_args=args.extra, log_path=args.log, startup_timeout=args.startup_timeout)
+                            extra_args=extra, log_path=args.log, startup_timeout=args.startup_timeout)
+        print(server.url, flush=True)
+        while server.alive():
+            time.sleep(0.5)
+        print(f"launch: vllm serve exited with code {server.process.returncode}; log {server.log_path}", flush=True)
+        return 1
+    except _Stop:
+        return 0
     except EngineError as e:
         print(f"launch: {e}", flush=True)
         return 1
-    print(server.url, flush=True)
-    stop = False
-
-    def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    try:
-        while not stop and server.alive():
-            time.sleep(0.5)
     finally:
-        server.stop()
-    return 0 if stop else 1
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":
