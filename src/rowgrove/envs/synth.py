@@ -61,7 +61,7 @@ def synth_transcripts(env_name: str, n: int, seed: int, policy: str = "noisy", *
                       system_prompt: str | None = None) -> list[list[dict[str, Any]]]:
     """`n` OpenAI-format conversations of `env_name` tasks played by `policy` (see the module
     docstring), deterministic in `seed`. Tasks come from `make_tasks(env_name, n, seed)`."""
-    from rowgrove.envs import make_env, make_tasks
+    from rowgrove.envs.registry import make_env, make_tasks
 
     rng = random.Random(seed)
     env = make_env(env_name, seed)
@@ -73,7 +73,7 @@ def task_corpus(env_name: str, n: int = 200, seed: int = 0) -> list[str]:
     """Sample strings of `env_name` (prompts, observations, tool-call JSON as the templates write
     it, the tool schemas) for `build_tiny_model(extra_corpus=...)`, so that the tokenizer's merges
     cover the task's words and numbers."""
-    from rowgrove.envs import make_env
+    from rowgrove.envs.registry import make_env
 
     env = make_env(env_name, seed)
     out = [json.dumps(tool, ensure_ascii=False) for tool in env.tools]

@@ -260,7 +260,8 @@ def ending_model_dir(src: str | Path, p_end: float = 0.25) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rowgrove.model.load import end_of_turn_id, load_tokenizer, stop_token_ids
+    from rowgrove.model.turns import end_of_turn_id, stop_token_ids
+    from rowgrove.model.turns import folder_tokenizer as load_tokenizer
 
     src = Path(src)
     out = src.with_name(src.name + f"-ending{int(p_end * 100)}v2")
