@@ -96,8 +96,10 @@ def _strip(x: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def pair(servers, models):
-    with start_standin("vllm", str(models["untied"]), served_model_name=str(models["untied"])) as standin:
-        yield servers["untied"].url, standin.url, str(models["untied"])
+    """The real server and a stand-in over the same folder: the model that never ends its turn,
+    so every answer runs to max_tokens on both sides and the same kinds of chunks appear."""
+    with start_standin("vllm", str(models["tied"]), served_model_name=str(models["tied"])) as standin:
+        yield servers["tied"].url, standin.url, str(models["tied"])
 
 
 def _both(pair, fn) -> tuple[Any, Any]:
