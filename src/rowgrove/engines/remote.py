@@ -370,7 +370,7 @@ class RemoteEngine(ABC):
         for url in self.urls:
             try:
                 got = self._score(http, url, ids)
-            except httpx.HTTPError as e:
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as e:
                 got, why = None, f"{type(e).__name__}: {e}"
             else:
                 why = "it gave no prompt logprobs"
