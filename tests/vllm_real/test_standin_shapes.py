@@ -164,6 +164,11 @@ def test_models_and_dev_routes_have_vllms_shape(pair):
         out["is_paused"] = h.get(f"{u}/is_paused").json()
         out["resume"] = h.post(f"{u}/resume").json()
         out["reset_prefix_cache"] = h.post(f"{u}/reset_prefix_cache").json()
+        # reloading the served folder itself: the weights stay what they were
+        out["collective_rpc"] = h.post(f"{u}/collective_rpc", json={
+            "method": "reload_weights", "kwargs": {"weights_path": pair[2]}}).json()
+        out["update_weight_version"] = h.post(f"{u}/update_weight_version", json={"new_version": "7"}).json()
+        out["weight_info"] = h.get(f"{u}/weight_info").json()
         return out
 
     real, standin = _both(pair, calls)
