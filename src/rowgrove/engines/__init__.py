@@ -8,7 +8,9 @@ sampled token ids + their logprobs + the weight version of each token + a finish
 
 For the two servers, PATH is the Hugging Face model folder the server serves: rowgrove renders and
 tokenizes with it, the server only samples from token ids (see `rowgrove.engines.remote` and
-docs/engines.md for the flags to start each server with).
+docs/engines.md for the flags to start each server with; `rowgrove.engines.launch` starts a real
+`vllm serve` with them). Every weight sync to a server is verified against the trainer's logprobs
+on a probe (`rowgrove.engines.verify`).
 """
 
 from __future__ import annotations

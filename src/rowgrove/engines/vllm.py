@@ -20,8 +20,11 @@ serving.py, completion_stream_generator); the chunk with the last delta carries 
 
 Start vLLM with `--logprobs-mode raw_logprobs` (the default: log_softmax of the raw logits,
 temperature 1, before top-p, what `Generation.logprobs` promises) and, for weight sync,
-`VLLM_SERVER_DEV_MODE=1` (the pause / collective_rpc / reset_prefix_cache routes are dev routes).
-See docs/engines.md.
+`VLLM_SERVER_DEV_MODE=1` (the pause / collective_rpc / reset_prefix_cache routes are dev routes);
+`rowgrove.engines.launch` does. After each reload the server's `prompt_logprobs` on a probe are
+compared with the trainer's (`_score`, `rowgrove.engines.verify`); a tied-embedding checkpoint
+without `lm_head.weight` is rewritten with it first (`_loadable`: vLLM's CPU build otherwise keeps
+a stale pre-packed output layer). See docs/engines.md.
 """
 
 from __future__ import annotations
