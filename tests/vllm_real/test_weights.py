@@ -160,3 +160,29 @@ def test_rowgrove_train_on_a_real_vllm_server_keeps_it_on_the_trainers_weights(s
             "the trainer's weights never moved"
     finally:
         engine.update_weights(str(folder))
+
+
+def test_the_weights_route_answers_a_refused_sync_with_the_reason(servers, models, tmp_path):
+    """Through `POST /v1/weights` (a gateway whose engine has no sync_dir), the stale-head sync is
+    an error answer naming the server and what to do, not a 200; the next call through that
+    gateway is refused too, until a sync passes."""
+    folder = models["tied"]
+    url = servers["tied"].url
+    new = _perturbed(_model(folder), 5)
+    ckpt = tmp_path / "saved"
+    new.save_pretrained(str(ckpt))
+    engine = make_engine("vllm", str(folder), url=url, sync_tolerance=1e-4)
+    with launch_gateway(str(folder), engine=engine, ledger=tmp_path / "l.db") as gw:
+        try:
+            r = httpx.post(f"{gw.url}/v1/weights", json={"path": str(ckpt)}, timeout=300)
+            assert r.status_code == 502, r.text
+            msg = r.json()["error"]["message"]
+            assert url in msg and "lm_head.weight" in msg and "sync_dir" in msg
+            ro = gw.create_rollout("g")
+            c = httpx.post(f"{ro['base_url']}/chat/completions", timeout=60,
+                           headers={"authorization": f"Bearer {ro['api_key']}"},
+                           json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            assert c.status_code == 502 and "serves no call until" in c.json()["error"]["message"]
+        finally:
+            restore = make_engine("vllm", str(folder), url=url, sync_dir=tmp_path / "restore")
+            restore.update_weights(_model(folder).state_dict())
