@@ -178,7 +178,10 @@ def test_models_and_dev_routes_have_vllms_shape(pair):
 def test_errors_have_vllms_shape(pair):
     model = pair[2]
     bad = {"model": model, "prompt": [10**7], "max_tokens": 2}
-    real, standin = _both(pair, lambda h, u: (lambda r: (r.status_code, r.json()))(
-        h.post(f"{u}/v1/completions", json=bad)))
+    def post(h: httpx.Client, u: str) -> tuple[int, Any]:
+        r = h.post(f"{u}/v1/completions", json=bad)
+        return r.status_code, r.json()
+
+    real, standin = _both(pair, post)
     assert standin[0] == real[0] == 400
     assert differences(standin[1], real[1]) == []
