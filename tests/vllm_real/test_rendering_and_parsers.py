@@ -186,3 +186,22 @@ def test_the_parsers_read_what_vllms_parsers_of_the_same_name_read(compared, nam
 
 if __name__ == "__main__":  # pragma: no cover - a way to look at one family by hand
     print(json.dumps(history(sys.argv[1])[0], indent=1))
+
+
+def test_a_root_prompt_is_what_the_running_server_tokenizes_for_the_same_request(servers, models):
+    """The same check against the running server's own `/tokenize` with `messages` and `tools`
+    (the route the offline renderer above stands for), on the served ChatML model: a history with
+    a tool call, its result and a new user turn."""
+    folder = models["untied"]
+    call = {"id": tool_call_id(0), "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 2})}}
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": tool_call_id(0), "content": "sunny"},
+                {"role": "assistant", "content": "It is sunny."},
+                {"role": "user", "content": "And tomorrow?"}]
+    r = httpx.post(f"{servers['untied'].url}/tokenize", timeout=60, json={
+        "model": str(folder), "messages": messages, "tools": TOOLS, "add_generation_prompt": True})
+    assert r.status_code == 200, r.text
+    assert gateway_root_ids(folder, messages, {}) == r.json()["tokens"]
