@@ -221,3 +221,134 @@ def test_a_newer_ledger_is_refused_even_read_only(tmp_path):
     db.close()
     with pytest.raises(InputError, match="schema version 5.*newer rowgrove"):
         Ledger(path, readonly=True)
+
+
+# -- group commit (the gateway's abegin_call / acomplete_call) --------------------------------------
+
+
+def _committed(path, call_id: str):
+    """(status) of a call as another connection reads it: only what was committed."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        r = db.execute("SELECT status FROM calls WHERE id=?", (call_id,)).fetchone()
+    finally:
+        db.close()
+    return None if r is None else r[0]
+
+
+def _count_commits(led: Ledger) -> list[str]:
+    seen: list[str] = []
+    led._db.set_trace_callback(lambda sql: seen.append(sql) if sql.strip().upper() == "COMMIT" else None)
+    return seen
+
+
+def test_concurrent_calls_share_commits_and_each_returns_only_once_committed(tmp_path):
+    import asyncio
+
+    path = tmp_path / "l.sqlite"
+
+    async def one(led: Ledger, ro_id: str, k: int) -> str:
+        call = await led.abegin_call(ro_id, parent_id=None, prompt_ids=[k], prompt_len=1, request_hash=f"h{k}")
+        assert _committed(path, call.id) == "pending"  # on the WAL before the engine would be asked
+        await led.acomplete_call(call.id, sampled_ids=[k, k], logprobs=[-0.5, -0.25], finish_reason="stop",
+                                 summary_hash="s", response_hash="r", response={"k": k})
+        assert _committed(path, call.id) == "completed"  # on the WAL before the harness would be answered
+        return call.id
+
+    with Ledger(path) as led:
+        ros = [led.create_rollout("g").id for _ in range(8)]
+        commits = _count_commits(led)
+
+        async def all_of_them():
+            return await asyncio.wait_for(asyncio.gather(*(one(led, r, k) for k, r in enumerate(ros))), 10)
+
+        ids = asyncio.run(all_of_them())
+        # 8 concurrent calls, 16 writes: one commit for the 8 pending rows, one for the 8 completions
+        assert len(commits) == 2
+        for k, cid in enumerate(ids):
+            c = led.get_call(cid)
+            assert (c.status, c.prompt_ids.tolist(), c.sampled_ids.tolist(), c.response) == (
+                "completed", [k], [k, k], {"k": k})
+
+
+def test_a_failed_group_commit_fails_every_caller_in_it_and_keeps_none_of_their_writes(tmp_path):
+    import asyncio
+
+    class FailingCommit:
+        """The connection, with COMMIT failing as a full disk would make it."""
+
+        def __init__(self, db):
+            self.db = db
+
+        def execute(self, sql, *args):
+            if sql == "COMMIT":
+                raise sqlite3.OperationalError("database or disk is full")
+            return self.db.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    path = tmp_path / "l.sqlite"
+    with Ledger(path) as led:
+        ro = led.create_rollout("g")
+        real = led._db
+        led._db = FailingCommit(real)
+
+        async def begin(k: int):
+            return await led.abegin_call(ro.id, parent_id=None, prompt_ids=[k], prompt_len=1, request_hash="h")
+
+        async def both():
+            return await asyncio.gather(begin(1), begin(2), return_exceptions=True)
+
+        results = asyncio.run(both())
+        assert all(isinstance(r, sqlite3.OperationalError) and "disk is full" in str(r) for r in results)
+        led._db = real
+        assert led.calls(ro.id) == []  # rolled back: no row of a caller that was told it failed
+        # the ledger goes on: ordinals are re-read from the file, a new call commits
+        call = led.begin_call(ro.id, parent_id=None, prompt_ids=[3], prompt_len=1, request_hash="h")
+        assert call.ordinal == 1 and _committed(path, call.id) == "pending"
+
+
+def test_a_write_of_its_own_commits_the_open_group_first(tmp_path):
+    import asyncio
+
+    path = tmp_path / "l.sqlite"
+    with Ledger(path) as led:
+        ro = led.create_rollout("g")
+
+        async def go():
+            task = asyncio.ensure_future(
+                led.abegin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h"))
+            await asyncio.sleep(0)  # the pending row is in the open group, not yet committed
+            (pending,) = led.calls(ro.id)
+            assert _committed(path, pending.id) is None
+            led.end_call(pending.id, "aborted", "test")  # BEGIN-free write: commits the group, then its own
+            assert _committed(path, pending.id) == "aborted"
+            return await task
+
+        call = asyncio.run(go())
+        assert led.get_call(call.id).status == "aborted"
+
+
+def test_a_caller_cancelled_while_its_completion_commits_leaves_the_call_undelivered(tmp_path):
+    import asyncio
+
+    from rowgrove.ledger.store import UNDELIVERED
+
+    with Ledger(tmp_path / "l.sqlite") as led:
+        ro = led.create_rollout("g")
+        call = led.begin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
+
+        async def go():
+            task = asyncio.ensure_future(led.acomplete_call(
+                call.id, sampled_ids=[2], logprobs=[0.0], finish_reason="stop", summary_hash="s",
+                response_hash="r", response=None))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(go())
+        got = led.get_call(call.id)
+        assert got.status == "aborted" and got.error.startswith(UNDELIVERED)
+        assert got.sampled_ids.tolist() == [2]

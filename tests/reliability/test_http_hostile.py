@@ -402,10 +402,10 @@ def test_a_storage_failure_is_a_500_logged_with_its_traceback(tmp_path, caplog):
     with start_gateway("tiny", engine=TestEngine(scripted_engine("tiny")), ledger=tmp_path / "l.db") as gw:
         ro = gw.create_rollout("g")
 
-        def broken(*a, **kw):
+        async def broken(*a, **kw):
             raise sqlite3.OperationalError("disk I/O error")
 
-        gw.gateway.ledger.complete_call = broken  # the instance attribute shadows the method
+        gw.gateway.ledger.acomplete_call = broken  # the instance attribute shadows the method
         with caplog.at_level(logging.ERROR, logger="rowgrove.gateway"):
             r = httpx.post(ro["base_url"] + "/chat/completions", json={"messages": USER}, headers=_auth(ro))
             time.sleep(0.05)

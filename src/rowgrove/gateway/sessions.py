@@ -300,17 +300,8 @@ class Gateway:
                 f"after {self.settings.retry_after:g} s",
                 self.settings.retry_after,
             )
-        call = self.ledger.begin_call(
-            session.rollout_id,
-            parent_id=plan.parent_id,
-            prompt_ids=plan.prompt_ids,
-            prompt_len=len(plan.full_prompt_ids),
-            request_hash=plan.request_hash,
-            request_key=key,
-            history_drift=plan.drift,
-        )
-        if plan.images:
-            self._store_images(call.id, plan)
+        # registered before the first await, so that a retry of this body arriving meanwhile
+        # waits for this call's answer and the queue bound counts it
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_consume_exception)
         session.inflight[key] = fut
@@ -318,6 +309,19 @@ class Gateway:
         kind = call_kind(plan.parent_id, plan.drift)
         status = "aborted"
         try:
+            # the pending row shares its commit with the calls of this loop turn (group commit);
+            # it is committed before the engine is asked
+            call = await self.ledger.abegin_call(
+                session.rollout_id,
+                parent_id=plan.parent_id,
+                prompt_ids=plan.prompt_ids,
+                prompt_len=len(plan.full_prompt_ids),
+                request_hash=plan.request_hash,
+                request_key=key,
+                history_drift=plan.drift,
+            )
+            if plan.images:
+                self._store_images(call.id, plan)
             body = await self._generate_and_commit(session, req, call, plan)
             status = "completed"
         except BaseException as e:
@@ -407,7 +411,7 @@ class Gateway:
             raise EngineError(f"could not read the engine's answer to call {call.id}: "
                               f"{type(e).__name__}: {e}") from e
         try:
-            self.ledger.complete_call(
+            await self.ledger.acomplete_call(  # committed (with this turn's others) before the answer
                 call.id,
                 sampled_ids=gen.token_ids,
                 logprobs=gen.logprobs,

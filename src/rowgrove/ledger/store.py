@@ -9,10 +9,18 @@ A call is written as `pending` before the engine is asked and completed, failed 
 the gateway answers the harness only after the completion is committed, and moves a completed call
 to aborted when its response did not reach the client in full (`mark_undelivered`). Nothing is
 deleted. `durability` chooses SQLite's `synchronous` (see `_synchronous`).
+
+Group commit. The gateway writes calls with `abegin_call` / `acomplete_call`: each statement joins
+the one open transaction of this event-loop turn, which is committed once at the start of the next
+turn; each caller resumes only after that commit. Concurrent calls thus share a commit (at 32
+concurrent rollouts, one commit serves several calls) while every caller keeps the guarantee it had
+with a commit of its own: a pending row is on the WAL before the engine is asked, a completion
+before the harness is answered. Every other write first commits the open group.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import sqlite3
 import threading
@@ -324,10 +332,53 @@ class Ledger:
         self._call_columns = call_columns(self.call_table_columns)
         self._lock = threading.RLock()
         self._next_ordinal: dict[str, int] = {}
+        self._group_open = False  # a transaction of grouped writes is open on self._db
+        self._group_waiters: list[asyncio.Future] = []  # resolved when that transaction commits
 
     def close(self) -> None:
         with self._lock:
+            self._commit_group()
             self._db.close()
+
+    # -- group commit ---------------------------------------------------------------------
+
+    def _join_group(self) -> asyncio.Future:
+        """Open the group transaction if none is (its commit scheduled for the next turn of the
+        running loop) and return a future resolved once it is committed. Under self._lock."""
+        loop = asyncio.get_running_loop()
+        if not self._group_open:
+            self._db.execute("BEGIN")
+            self._group_open = True
+            loop.call_soon(self._commit_group)
+        fut = loop.create_future()
+        self._group_waiters.append(fut)
+        return fut
+
+    def _commit_group(self) -> None:
+        """Commit the open group transaction (nothing when none is open) and resolve its waiters:
+        with None, or with the error when the commit failed (then it is rolled back, and the
+        in-memory ordinals are re-read from the file)."""
+        with self._lock:
+            if not self._group_open:
+                return
+            waiters, self._group_waiters, self._group_open = self._group_waiters, [], False
+            error: BaseException | None = None
+            try:
+                self._db.execute("COMMIT")
+            except BaseException as e:  # a full disk, an I/O error: no grouped write is kept
+                error = e
+                self._next_ordinal.clear()
+                try:
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+        for fut in waiters:
+            _resolve(fut, error)
+
+    async def _await_group(self, fut: asyncio.Future) -> None:
+        """Wait for the group commit that holds this caller's write. A cancelled caller stops
+        waiting, but the commit still happens: it is left to the caller to record what that means."""
+        await asyncio.shield(fut)
 
     def __enter__(self) -> Ledger:
         return self
@@ -354,6 +405,7 @@ class Ledger:
             created_at=time.time(),
         )
         with self._lock:
+            self._commit_group()  # a write of its own: the open group commits first
             try:
                 self._db.execute(
                     "INSERT INTO rollouts(id, group_id, api_key, status, metadata, created_at) "
@@ -388,6 +440,7 @@ class Ledger:
     ) -> Rollout:
         """Store the harness's accepted conversation(s) and reward; a rollout finishes once."""
         with self._lock:
+            self._commit_group()  # a write of its own: the open group commits first
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 ro = self.get_rollout(rollout_id)
@@ -419,13 +472,50 @@ class Ledger:
         call_id: str | None = None,
         history_drift: bool = False,
     ) -> Call:
-        """Record a call as pending before the engine is asked; assigns its ordinal.
-        `history_drift`: a continuation that kept its parent's tokens where the template renders
-        the history differently."""
+        """Record a call as pending before the engine is asked (committed on return); assigns its
+        ordinal. `history_drift`: a continuation that kept its parent's tokens where the template
+        renders the history differently."""
+        call, _ = self._begin_call(rollout_id, parent_id, prompt_ids, prompt_len, request_hash, request_key,
+                                   call_id, history_drift, grouped=False)
+        return call
+
+    async def abegin_call(
+        self,
+        rollout_id: str,
+        *,
+        parent_id: str | None,
+        prompt_ids: Sequence[int] | np.ndarray,
+        prompt_len: int,
+        request_hash: str,
+        request_key: str | None = None,
+        call_id: str | None = None,
+        history_drift: bool = False,
+    ) -> Call:
+        """`begin_call` in the group commit (module docstring): returns once the pending row is
+        committed, so the engine may be asked. A caller cancelled while waiting leaves the call
+        aborted, never pending."""
+        call, fut = self._begin_call(rollout_id, parent_id, prompt_ids, prompt_len, request_hash, request_key,
+                                     call_id, history_drift, grouped=True)
+        assert fut is not None
+        try:
+            await self._await_group(fut)
+        except asyncio.CancelledError:
+            self.end_call(call.id, "aborted", "request cancelled before the engine was asked")
+            raise
+        return call
+
+    def _begin_call(self, rollout_id: str, parent_id: str | None, prompt_ids: Sequence[int] | np.ndarray,
+                    prompt_len: int, request_hash: str, request_key: str | None, call_id: str | None,
+                    history_drift: bool, *, grouped: bool) -> tuple[Call, asyncio.Future | None]:
         now = time.time()
         cid = call_id or "chatcmpl-" + secrets.token_hex(12)
         blob = pack_ids(prompt_ids)
+        fut = None
         with self._lock:
+            if grouped:
+                fut = self._join_group()
+            else:
+                self._commit_group()
             # Ordinals are counted in memory after the first call of a rollout: this process is
             # the ledger's only writer, and UNIQUE(rollout_id, ordinal) guards the assumption.
             ordinal = self._next_ordinal.get(rollout_id)
@@ -443,6 +533,8 @@ class Ledger:
                 )
             except sqlite3.IntegrityError as e:
                 self._next_ordinal.pop(rollout_id, None)
+                if fut is not None:  # the statement was undone; the group goes on without it
+                    self._group_waiters.remove(fut)
                 if "FOREIGN KEY" in str(e):
                     raise NotFound(f"rollout {rollout_id} not found: create it with POST /v1/rollouts") from None
                 raise Conflict(
@@ -455,7 +547,7 @@ class Ledger:
             root=parent_id is None, status="pending", prompt_ids=unpack_ids(blob),
             prompt_len=prompt_len, request_hash=request_hash, request_key=request_key, created_at=now,
             history_drift=history_drift,
-        )
+        ), fut
 
     def complete_call(
         self,
@@ -472,21 +564,60 @@ class Ledger:
         """Commit the engine's answer; only after this may the harness see it.
         `weight_versions`: the weight version that sampled each id (one per sampled id, >= 0);
         None stores them as unknown."""
+        self._complete_call(call_id, sampled_ids, logprobs, finish_reason, summary_hash, response_hash, response,
+                            weight_versions, grouped=False)
+
+    async def acomplete_call(
+        self,
+        call_id: str,
+        *,
+        sampled_ids: Sequence[int] | np.ndarray,
+        logprobs: Sequence[float] | np.ndarray,
+        finish_reason: str,
+        summary_hash: str,
+        response_hash: str,
+        response: dict[str, Any] | None,
+        weight_versions: Sequence[int] | np.ndarray | None = None,
+    ) -> None:
+        """`complete_call` in the group commit (module docstring): returns once the completion is
+        committed, so the harness may see it. A caller cancelled while waiting (its client left)
+        leaves the call aborted as undelivered: it was committed, but no answer went out."""
+        fut = self._complete_call(call_id, sampled_ids, logprobs, finish_reason, summary_hash, response_hash,
+                                  response, weight_versions, grouped=True)
+        assert fut is not None
+        try:
+            await self._await_group(fut)
+        except asyncio.CancelledError:
+            self.mark_undelivered(call_id, "the request was cancelled while its completion was committed")
+            raise
+
+    def _complete_call(self, call_id: str, sampled_ids: Sequence[int] | np.ndarray,
+                       logprobs: Sequence[float] | np.ndarray, finish_reason: str, summary_hash: str,
+                       response_hash: str, response: dict[str, Any] | None,
+                       weight_versions: Sequence[int] | np.ndarray | None, *, grouped: bool) -> asyncio.Future | None:
         if len(sampled_ids) != len(logprobs):
             raise InputError(
                 f"call {call_id}: {len(sampled_ids)} sampled ids but {len(logprobs)} logprobs"
             )
         versions = _check_versions(call_id, sampled_ids, weight_versions)
+        args = (pack_ids(sampled_ids), pack_floats(logprobs), versions, finish_reason, summary_hash,
+                response_hash, _json(response), time.time(), call_id)
         with self._lock:
-            cur = self._db.execute(
-                "UPDATE calls SET status='completed', sampled_ids=?, logprobs=?, weight_versions=?, "
-                "finish_reason=?, summary_hash=?, response_hash=?, response=?, completed_at=? "
-                "WHERE id=? AND status='pending'",
-                (pack_ids(sampled_ids), pack_floats(logprobs), versions, finish_reason, summary_hash,
-                 response_hash, _json(response), time.time(), call_id),
-            )
-        if cur.rowcount != 1:
-            raise Conflict(f"call {call_id} is not pending: it was completed or ended already")
+            fut = self._join_group() if grouped else None
+            if fut is None:
+                self._commit_group()
+            try:
+                cur = self._db.execute(
+                    "UPDATE calls SET status='completed', sampled_ids=?, logprobs=?, weight_versions=?, "
+                    "finish_reason=?, summary_hash=?, response_hash=?, response=?, completed_at=? "
+                    "WHERE id=? AND status='pending'", args)
+                if cur.rowcount != 1:
+                    raise Conflict(f"call {call_id} is not pending: it was completed or ended already")
+            except BaseException:
+                if fut is not None:  # nothing of this caller's is in the group
+                    self._group_waiters.remove(fut)
+                raise
+            return fut
 
     def end_call(
         self,
@@ -504,6 +635,7 @@ class Ledger:
             raise InputError(f"end_call status must be 'failed' or 'aborted', not {status!r}")
         versions = _check_versions(call_id, sampled_ids, weight_versions)
         with self._lock:
+            self._commit_group()  # a write of its own: the open group commits first
             self._db.execute(
                 "UPDATE calls SET status=?, error=?, sampled_ids=?, logprobs=?, weight_versions=?, completed_at=? "
                 "WHERE id=? AND status='pending'",
@@ -513,6 +645,7 @@ class Ledger:
     def abort_pending(self, reason: str = "server restarted while the call was in flight") -> int:
         """Mark every pending call aborted (after a crash); returns how many."""
         with self._lock:
+            self._commit_group()  # a write of its own: the open group commits first
             cur = self._db.execute(
                 "UPDATE calls SET status='aborted', error=?, completed_at=? WHERE status='pending'",
                 (reason, time.time()),
@@ -525,6 +658,7 @@ class Ledger:
         why; its sampled ids, logprobs and response stay for inspection. Such a call is never
         trained and is never a parent. Returns False (nothing changed) unless it was completed."""
         with self._lock:
+            self._commit_group()  # a write of its own: the open group commits first
             cur = self._db.execute(
                 "UPDATE calls SET status='aborted', error=? WHERE id=? AND status='completed'",
                 (f"{UNDELIVERED}: {why}", call_id),
@@ -579,6 +713,7 @@ class Ledger:
             blob = orjson.dumps(processor, option=orjson.OPT_SORT_KEYS)
             pid = hashlib.sha256(blob).hexdigest()[:32]
         with self._lock:
+            self._commit_group()  # a write of its own: the open group commits first
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 if pid is not None:
@@ -597,6 +732,7 @@ class Ledger:
         and where its request held each one ((message, part) pairs, when given)."""
         at = list(places) if places is not None else [(None, None)] * len(digests)
         with self._lock:
+            self._commit_group()  # a write of its own: the open group commits first
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.executemany(
@@ -623,6 +759,7 @@ class Ledger:
     def set_image_summary(self, call_id: str, blind_summary: str) -> None:
         """Record a completed call's image-blind summary (`gateway.images.blind_summary`)."""
         with self._lock:
+            self._commit_group()  # a write of its own: the open group commits first
             self._db.execute("INSERT OR REPLACE INTO call_image_summaries(call_id, blind_summary) VALUES (?, ?)",
                              (call_id, blind_summary))
 
@@ -665,3 +802,26 @@ class Ledger:
             sql, args = sql + " WHERE status=?", (status,)
         with self._lock:
             return int(self._db.execute(sql, args).fetchone()[0])
+
+
+def _resolve(fut: asyncio.Future, error: BaseException | None) -> None:
+    """Settle a group-commit waiter from any thread: directly on its loop's thread, else through
+    the loop (a future is not thread-safe)."""
+    loop = fut.get_loop()
+    try:
+        here = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        here = False
+    if here:
+        _settle(fut, error)
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(_settle, fut, error)
+
+
+def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)
