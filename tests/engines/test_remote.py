@@ -298,3 +298,36 @@ def test_a_failed_load_keeps_the_version_and_resumes(servers, tmp_path):
     assert not a.state.paused and a.state.events[-1]["route"] == "/resume"  # never left paused
     with pytest.raises(EngineError, match="cannot|failed"):
         make_engine("vllm", "tiny", url="http://127.0.0.1:1", check=False).update_weights(tmp_path / "empty")
+
+
+def test_renice_descendants_sets_every_thread_of_every_descendant_and_not_the_parent(tmp_path):
+    """rowgrove.engines.launch.renice_descendants: what start_vllm applies to a CPU server's engine
+    processes (children and grandchildren; the parent keeps its priority)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from rowgrove.engines.launch import descendants, renice_descendants
+
+    if not os.path.isdir("/proc"):
+        pytest.skip("no /proc")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                               "print(c.pid, flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while child not in descendants(parent.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert descendants(parent.pid) == [child]
+        assert renice_descendants(parent.pid, 7) == (child,)
+        assert all(os.getpriority(os.PRIO_PROCESS, int(t)) == 7 for t in os.listdir(f"/proc/{child}/task"))
+        assert os.getpriority(os.PRIO_PROCESS, parent.pid) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        for p in descendants(parent.pid):
+            os.kill(p, 9)
+        parent.kill()
+        parent.wait()

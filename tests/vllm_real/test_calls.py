@@ -169,3 +169,22 @@ def test_a_client_disconnect_aborts_the_request_inside_vllm(long_gateway):
     assert generated < 3000
     time.sleep(1.0)
     assert _metric(server.url, "vllm:generation_tokens_total") - tokens0 == generated  # nothing runs on
+
+
+def test_the_cpu_servers_engine_processes_run_reniced_and_its_api_server_does_not(servers):
+    """start_vllm renices the engine core and worker of a CPU server (they busy-poll their shared
+    memory queues between steps and otherwise starve the request path: docs/engines.md,
+    bench_remote) and leaves the API server, which is on every request's path, as it was."""
+    import os
+
+    from rowgrove.engines.launch import descendants
+
+    server = servers["untied"]
+    assert len(server.engine_pids) >= 2, server.engine_pids  # engine core + worker (+ helpers)
+    names = {p: open(f"/proc/{p}/comm").read().strip() for p in server.engine_pids if os.path.exists(f"/proc/{p}")}
+    assert any(n.startswith("VLLM::EngineCor") for n in names.values()), names
+    assert any(n.startswith("VLLM::Worker") for n in names.values()), names
+    for p in descendants(server.process.pid):
+        for tid in os.listdir(f"/proc/{p}/task"):
+            assert os.getpriority(os.PRIO_PROCESS, int(tid)) == 19, (p, names.get(p), tid)
+    assert os.getpriority(os.PRIO_PROCESS, server.process.pid) == os.getpriority(os.PRIO_PROCESS, 0)

@@ -17,7 +17,18 @@ What the command line holds and why (docs/engines.md, "Starting vLLM"):
 - environment `VLLM_SERVER_DEV_MODE=1`: the weight-sync routes (`/pause`, `/collective_rpc`,
   `/reset_prefix_cache`, `/update_weight_version`, `/resume`) are development routes;
 - on CPU: `VLLM_TARGET_DEVICE=cpu`, `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache), a writable
-  `VLLM_CACHE_ROOT`, `HF_HUB_OFFLINE=1` (the model is a local folder; nothing is downloaded).
+  `VLLM_CACHE_ROOT`, `HF_HUB_OFFLINE=1` (the model is a local folder; nothing is downloaded);
+- on CPU, once it answers: the engine-core and worker processes (every thread) reniced to
+  `engine_nice` (default 19). Between steps they busy-poll their shared-memory queues
+  (vllm/distributed/device_communicators/shm_broadcast.py, `SpinCondition`: `sched_yield()` in a
+  loop for 1 s after each message), so on a machine with few cores they keep every core runnable
+  and whatever else is on the request path (vLLM's own API server, the gateway, the client) waits
+  on the run queue for each wake-up: on 2 cores the gateway process spent 5.1 s of a 6.1 s run
+  waiting for a CPU to do 0.4 s of work, vLLM saw ~2 requests per step instead of ~30, and the
+  gateway's throughput at 32 concurrent rollouts fell to a fifth of calling vLLM directly
+  (docs/engines.md, "bench_remote"). At nice 19 the spinning gives way to any waking process and
+  the forward passes still run whenever nothing else wants the core. The API server keeps the
+  caller's priority (it is on every request's path).
 
 The server runs in its own process group and `stop()` ends that group (the engine core is a child
 process of the API server), so nothing outlives the `with` block.
@@ -101,6 +112,7 @@ class VLLMServer:
     log_path: Path
     model: Path
     startup_s: float = 0.0
+    engine_pids: tuple[int, ...] = ()  # the processes reniced at start-up (CPU): engine core, worker(s)
     _log: object = field(default=None, repr=False)
 
     def log_tail(self, n: int = 40) -> str:
@@ -145,11 +157,13 @@ def start_vllm(model: str | Path, *, python: str | Path | None = None, port: int
                device: str = "cpu", served_model: str | None = None, extra_args: Sequence[str] = (),
                log_path: str | Path | None = None, startup_timeout: float = 240.0,
                env: Mapping[str, str] | None = None, kv_cache_gib: int = 1,
-               omp_threads: int | None = None) -> VLLMServer:
+               omp_threads: int | None = None, engine_nice: int | None = None) -> VLLMServer:
     """Start `vllm serve model` on 127.0.0.1 and return once `/health` answers 200.
 
     `python`: the interpreter of vLLM's environment (default `default_vllm_python()`). `port`:
     default a free one. The server's output goes to `log_path` (default a temporary file).
+    `engine_nice`: the niceness the engine-core and worker processes get once the server answers
+    (default 19 on CPU, untouched on CUDA; 0 leaves them as started): see the module docstring.
     EngineError (naming the log and its last lines) when vLLM is not installed there, the process
     exits, or `/health` is not 200 within `startup_timeout` seconds; the process is ended then.
     """
@@ -172,7 +186,53 @@ def start_vllm(model: str | Path, *, python: str | Path | None = None, port: int
         server.stop()
         raise
     server.startup_s = time.monotonic() - t0
+    nice = (19 if device == "cpu" else 0) if engine_nice is None else engine_nice
+    if nice > 0:
+        server.engine_pids = renice_descendants(proc.pid, nice)
     return server
+
+
+def descendants(pid: int) -> list[int]:
+    """The live descendants of process `pid` (children first), read from /proc ([] where there is
+    no /proc)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out: list[int] = []
+    todo = list(children.get(pid, ()))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo += children.get(p, ())
+    return out
+
+
+def renice_descendants(pid: int, nice: int) -> tuple[int, ...]:
+    """Set every thread of every descendant of `pid` to niceness `nice` (Linux keeps a niceness
+    per thread; threads started later inherit their creator's). Raising niceness needs no
+    privilege. Returns the processes reniced; ones that vanish meanwhile are skipped."""
+    done: list[int] = []
+    for p in descendants(pid):
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{p}/task")]
+            for tid in tids:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except (OSError, ValueError):
+            continue
+        done.append(p)
+    return tuple(done)
 
 
 def _wait_healthy(server: VLLMServer, deadline: float, startup_timeout: float) -> None:
@@ -206,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--python", default=None, help="python of vLLM's environment")
     ap.add_argument("--log", default=None)
     ap.add_argument("--startup-timeout", type=float, default=240.0)
+    ap.add_argument("--engine-nice", type=int, default=None,
+                    help="niceness of the engine-core and worker processes (default 19 on cpu, 0 on cuda)")
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []  # more `vllm serve` flags, after --
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -222,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = None
     try:
         server = start_vllm(args.model, python=args.python, port=args.port, device=args.device,
-                            extra_args=extra, log_path=args.log, startup_timeout=args.startup_timeout)
+                            extra_args=extra, log_path=args.log, startup_timeout=args.startup_timeout,
+                            engine_nice=args.engine_nice)
         print(server.url, flush=True)
         while server.alive():
             time.sleep(0.5)
