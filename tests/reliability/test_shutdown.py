@@ -64,7 +64,9 @@ def test_sigterm_drains_in_flight_calls_and_answers_503_until_the_socket_closes(
 
         t = threading.Thread(target=slow_call)
         t.start()
-        assert _wait(lambda: gw.gateway.in_flight == 1)
+        # in flight from admission (its pending row may still be committing): wait until the engine
+        # has it, so that the delay below is already running when it is lifted
+        assert _wait(lambda: gw.gateway.in_flight == 1 and len(engine.prompts) == 1)
         gw.server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
         assert gw.server.draining and not gw.server.should_exit
         engine.delay = 0.0
