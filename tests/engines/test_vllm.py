@@ -606,6 +606,30 @@ def test_a_sync_whose_logprobs_differ_is_refused_and_the_server_serves_nothing_a
     assert asyncio.run(engine.generate(PROMPT, SamplingParams(max_tokens=2))).token_ids
 
 
+def test_the_trainer_checks_each_sync_against_its_own_policy(server, tmp_path):
+    """`rowgrove train` syncs through _LocalRollouts.sync(state_dict, model): the reference is the
+    trainer's own policy (after an update that used packed attention), not a copy of the
+    checkpoint, so a server that loaded something other than the policy is refused."""
+    import copy
+
+    from rowgrove.engines.verify import WeightSyncError, policy_logprobs
+    from rowgrove.train.loop import _LocalRollouts
+
+    engine = make_engine("vllm", "tiny", url=server.url, sync_dir=tmp_path / "sync", sync_tolerance=1e-4)
+    weights = _weights(server)
+    policy = copy.deepcopy(server.engine.model)
+    try:
+        assert _LocalRollouts(None, engine, None).sync(weights, policy) == 1
+        with torch.no_grad():
+            policy.get_output_embeddings().weight.mul_(1.5)  # the policy is not what was sent
+        with pytest.raises(WeightSyncError, match="weight version 2"):
+            _LocalRollouts(None, engine, None).sync(weights, policy)
+        assert server.url in engine.stale
+    finally:
+        engine.update_weights(weights, reference=lambda ids: policy_logprobs(server.engine.model, ids))
+    assert not engine.stale
+
+
 def test_the_default_reference_is_a_mirror_of_what_was_synced_and_the_tolerance_is_settable(server, tmp_path):
     """Without a reference the engine compares with its own CPU copy of the synced weights (the
     stand-in loads them exactly: passes at 1e-6); a negative tolerance is refused by name."""

@@ -238,8 +238,18 @@ class _LocalRollouts:
     def rows(self, results: list[Any]) -> tuple[list[Row], list[Any]]:
         return collect_rows(self.ledger, results)
 
-    def sync(self, state_dict: dict[str, Any]) -> int:
-        self.engine.update_weights(state_dict)
+    def sync(self, state_dict: dict[str, Any], model: Any = None) -> int:
+        """The policy's weights to the engine. A remote engine (vLLM, SGLang) checks its servers'
+        probe logprobs against `model`'s own, the trainer's policy on its own device (no CPU copy
+        of the weights is held); the in-process hf engine shares the tensors, nothing to check."""
+        from rowgrove.engines.remote import RemoteEngine
+
+        if model is not None and isinstance(self.engine, RemoteEngine):
+            from rowgrove.train.update import probe_logprobs
+
+            self.engine.update_weights(state_dict, reference=lambda ids: probe_logprobs(model, ids))
+        else:
+            self.engine.update_weights(state_dict)
         return self.weights_version
 
     def lineages(self, built: list[Any], tokenizer: Any = None) -> list[tuple[str, str]]:
@@ -340,13 +350,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
 
         rollouts: Any = RayRollouts(cfg, start_dir, run_dir)
         if ckpt is not None:
-            rollouts.sync(model.state_dict())
+            rollouts.sync(model.state_dict(), model)
     engine = None if cfg.ray else make_rollout_engine(cfg, start_dir, model, tok, run_dir)
     if engine is not None and cfg.engine != "hf":
         engine.weights_version = int(extra.get("weights_version", 0))
         if ckpt is not None or start_dir.resolve() != _served_dir(cfg).resolve():
             # the servers serve the base folder; the policy starts from the warm-up or a checkpoint
-            engine.update_weights(model.state_dict())
+            _LocalRollouts(None, engine, None).sync(model.state_dict(), model)
             log(f"weights synced to {cfg.engine} at {cfg.engine_url} (version {engine.weights_version})")
     eval_tasks = make_tasks(cfg.env, cfg.eval_prompts, _mix(cfg.seed, 999_983) % 2**31)
 
@@ -401,7 +411,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
             stats = _update(cfg, step, model, optimizer, scheduler, rows, ref_model, dp,
                             weight_fn=weight_fn, vision_inputs=vision)
             model.eval()
-            extra["weights_version"] = rollouts.sync(model.state_dict())
+            extra["weights_version"] = rollouts.sync(model.state_dict(), model)
             if pending is None:
                 pending = launch(step + 1)
             t2 = time.time()

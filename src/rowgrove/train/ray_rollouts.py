@@ -101,8 +101,10 @@ class RayRollouts:
             rows.extend(dataclasses.replace(r, rollout_id=f"{j:06d}:{r.rollout_id}") for r in o.rows)
         return rows, built
 
-    def sync(self, state_dict: dict[str, Any]) -> int:
-        """The policy's weights to every gateway's engine; the version they report."""
+    def sync(self, state_dict: dict[str, Any], model: Any = None) -> int:
+        """The policy's weights to every gateway's engine; the version they report. `model` is
+        not shipped to the actors: a remote engine there checks its servers against a CPU mirror
+        of the synced checkpoint (rowgrove.engines.verify.WeightMirror)."""
         self.weights_version = max(self.pool.update_weights(state_dict))
         return self.weights_version
 

@@ -86,6 +86,16 @@ def _use_attention(model: Any, name: str) -> None:
         model.set_attn_implementation(name)
 
 
+def probe_logprobs(model: Any, ids: list[int]) -> list[float]:
+    """The policy's log p(ids[i] | ids[:i]) for i >= 1, as the weight-sync check compares them with a
+    server's (rowgrove.engines.verify): one plain forward with the standard attention, since the
+    packed-sequence attention the update may have left set needs micro-batch boundaries."""
+    from rowgrove.engines.verify import policy_logprobs
+
+    _use_attention(model, "sdpa")
+    return policy_logprobs(model, ids)
+
+
 @dataclass
 class MicroBatch:
     """Tensors for one forward pass, shape [B, L] (B = 1 when packed).
