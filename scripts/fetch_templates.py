@@ -152,8 +152,10 @@ def hub_fetch(endpoint: str | None = None, revision: str = "main", token: str | 
             raise FetchError(f"{repo_id} was not found on the Hub (or it is private and no token was "
                              "given): check the id, or log in with `hf auth login`") from None
         except Exception as e:  # noqa: BLE001 - network and server errors: name them, go on with the rest
+            offline = (" HF_HUB_OFFLINE is set in this environment: unset it, or use --via http."
+                       if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") else "")
             raise FetchError(f"{repo_id}: {filename} could not be downloaded ({type(e).__name__}: "
-                             f"{str(e)[:200]}): this needs internet access (or --endpoint to a mirror)") from None
+                             f"{str(e)[:200]}): this needs internet access (or --endpoint to a mirror).{offline}") from None
         return Path(path).read_bytes()
 
     return fetch

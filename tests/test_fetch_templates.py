@@ -191,7 +191,10 @@ def test_http_fetch_against_the_hubs_download_urls(hub, tmp_path):
 def _run(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     import os
 
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_ENDPOINT")}
+    # other test modules set HF_HUB_OFFLINE=1 for the whole session (nothing here may download);
+    # the script must be free to reach the fake Hub on loopback
+    drop = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(HF_HUB_DISABLE_TELEMETRY="1", **(env_extra or {}))
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env)
 
@@ -220,3 +223,11 @@ def test_the_script_refuses_a_revision_it_cannot_find(hub, tmp_path):
     r = _run("--out", str(tmp_path / "t"), "--via", "http", "--endpoint", hub.url, "--revision", "v9",
              "--only", "GLM-4.6.jinja")
     assert r.returncode == 1 and "check the repository id and --revision" in r.stdout
+
+
+def test_an_offline_hub_client_is_named_as_the_reason(hub, tmp_path):
+    # huggingface_hub refuses every download under HF_HUB_OFFLINE=1; the script says so
+    r = _run("--out", str(tmp_path / "t"), "--via", "hub", "--endpoint", hub.url, "--only", "Qwen-Qwen3-0.6B.jinja",
+             env_extra={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 1
+    assert "HF_HUB_OFFLINE is set" in r.stdout + r.stderr
