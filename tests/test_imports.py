@@ -15,8 +15,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[1] / "src"
 MAX_LINES = 650  # "a few hundred lines"; the gateway's largest modules sit near 600
 
@@ -126,8 +124,6 @@ def test_gateway_modules_stay_readable():
     assert not big, f"modules over {MAX_LINES} lines: {big}"
 
 
-@pytest.mark.xfail(strict=True, reason="not yet: decide, the kept-image check, render and preprocess still "
-                   "read images through gateway/images.py and rowgrove/media.py (resolve them once at the edge)")
 def test_the_gateway_core_reads_images_only_as_the_edge_resolved_them():
     """A request's images are resolved to pixel digests once, at the edge, before `decide`; the
     decision and rendering core (`rowgrove.gateway.core`) works on that and never imports the

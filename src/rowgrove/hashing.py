@@ -177,6 +177,24 @@ def chain_step(prev: bytes, msg_digest: bytes) -> bytes:
     return _h(prev + msg_digest)
 
 
+def blind_message_hash(msg: Mapping[str, Any]) -> bytes:
+    """The message's hash with each image part counted without its pixels (the kept-image check's
+    evidence, docs/images.md)."""
+    c = canonical_message(msg)
+    content = c.get("content")
+    if isinstance(content, list):
+        c["content"] = [{"type": "image"} if isinstance(p, dict) and p.get("type") == "image" else p for p in content]
+    return _h(orjson.dumps(c, option=_ORJSON))
+
+
+def blind_chain(messages: Sequence[Mapping[str, Any]], h0: bytes) -> bytes:
+    """The image-blind chain hash of `messages` after `h0`."""
+    h = h0
+    for m in messages:
+        h = chain_step(h, blind_message_hash(m))
+    return h
+
+
 def chain_hashes(messages: Iterable[Mapping[str, Any]], h0: bytes) -> list[bytes]:
     """[h_1, …, h_n] for a request; h_i covers h0 and messages[:i]."""
     out: list[bytes] = []

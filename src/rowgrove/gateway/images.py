@@ -1,6 +1,6 @@
-"""Images at the gateway: reading a request's image parts (400 naming the message and part when one
-cannot be used), the parts as a vision template sees them, and the check that a continuation kept
-its parent's images.
+"""Images at the gateway's edge: reading a request's image parts once, before `decide` (400 naming
+the message and part when one cannot be used), into the `RequestImages` the decision and rendering
+core reads (`gateway.core` never reads an image URL itself), and the served model's `Vision`.
 
 The kept-image rule. A request that extends a call's conversation with the same text, the same
 tool calls and images at the same places, but with different pixels in one of the images the
@@ -9,8 +9,9 @@ saw) nor silently a new root (the harness meant to continue and would never lear
 split): it is refused, naming the first message and part whose pixels changed. Dropping images
 (compaction) changes the conversation's shape and is an ordinary rewrite: a new root.
 
-The evidence is a second, image-blind chain hash (each image part hashed as "an image" without its
-pixels) kept only for calls whose request carried images, so text-only traffic pays nothing.
+The evidence is a second, image-blind chain hash (`hashing.blind_chain`: each image part hashed as
+"an image" without its pixels) kept only for calls whose request carried images, so text-only
+traffic pays nothing; the check itself is `core.decide.RolloutIndex.check_kept_images`.
 """
 
 from __future__ import annotations
@@ -18,49 +19,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from rowgrove.errors import BadRequest
-from rowgrove.hashing import canonical_message, chain_step
-from rowgrove.media import MediaError, digest_of_url, image_positions, is_image_part, load_url, part_url, with_refs
+from rowgrove.gateway.core.messages import RequestImages
+from rowgrove.hashing import blind_chain, blind_message_hash, chain_step
+from rowgrove.media import MEDIA_SCHEME, MediaError, image_positions, load_url, media_url, with_refs
 
 if TYPE_CHECKING:
     from rowgrove.media import Image
 
-_TEXT_PARTS = ("text", "input_text", "output_text")
 
-
-def media_content(content: Sequence[Any], index: int) -> list[dict[str, Any]]:
-    """A content list with images as a vision template takes it: text parts `{"type": "text",
-    "text": ...}`, image parts `{"type": "image", "image": <pixel digest>}` (the template writes a
-    placeholder; the digest tells the renderer which image it stands for)."""
-    out: list[dict[str, Any]] = []
-    for k, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind in _TEXT_PARTS:
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise BadRequest(f"messages[{index}].content[{k}]: a {kind} part needs a string", param="messages")
-            out.append({"type": "text", "text": text})
-        elif is_image_part(part):
-            url = part_url(part)
-            digest = digest_of_url(url) if isinstance(url, str) else None
-            if digest is None:
-                raise BadRequest(f"messages[{index}].content[{k}]: the image could not be read: send "
-                                 "data:image/png;base64,...", param="messages")
-            out.append({"type": "image", "image": digest})
-        else:
-            raise BadRequest(
-                f"messages[{index}].content[{k}]: parts of type {kind!r} cannot be rendered by this model's "
-                "chat template (text and image parts only)", param="messages")
-    return out
-
-
-def load_request_images(messages: list[Any], *, folder: Any = None, lookup: Any = None) -> tuple[list[Any], list[Image]]:
-    """(messages with file:// image URLs replaced by their stored-image reference, the request's
-    images in order). BadRequest naming `messages[i].content[k]` for an image that is malformed,
-    too large, not an image, or a file outside the allowed folder."""
+def load_request_images(messages: list[Any], *, folder: Any = None,
+                        lookup: Any = None) -> tuple[list[Any], RequestImages]:
+    """The edge's one pass over a request's image parts: (messages with file:// image URLs replaced
+    by their stored-image reference, the request's images with the pixel digest each part names).
+    BadRequest naming `messages[i].content[k]` for an image that is malformed, too large, not an
+    image, or a file outside the allowed folder."""
     images: list[Image] = []
+    digests: dict[tuple[int, int], str | None] = {}
     refs: dict[tuple[int, int], str] = {}
     for i, k, url in image_positions(messages):
         try:
@@ -72,26 +47,18 @@ def load_request_images(messages: list[Any], *, folder: Any = None, lookup: Any 
         images.append(img)
         if url.startswith("file:"):
             refs[(i, k)] = img.digest
-    return (with_refs(messages, refs) if refs else messages), images
+            url = media_url(img.digest)
+        digests[(i, k)] = _named_digest(url, img)
+    return (with_refs(messages, refs) if refs else messages), RequestImages(images, digests)
 
 
-def blind_message_hash(msg: Mapping[str, Any]) -> bytes:
-    """The message's hash with each image part counted without its pixels."""
-    import hashlib
-
-    c = canonical_message(msg)
-    content = c.get("content")
-    if isinstance(content, list):
-        c["content"] = [{"type": "image"} if isinstance(p, dict) and p.get("type") == "image" else p for p in content]
-    return hashlib.sha256(orjson.dumps(c, option=orjson.OPT_SORT_KEYS)).digest()[:16]
-
-
-def blind_chain(messages: Sequence[Mapping[str, Any]], h0: bytes) -> bytes:
-    """The image-blind chain hash of `messages` after `h0`."""
-    h = h0
-    for m in messages:
-        h = chain_step(h, blind_message_hash(m))
-    return h
+def _named_digest(url: str, img: Image) -> str | None:
+    """The pixel digest `digest_of_url(url)` gives for a URL that `load_url` read as `img`, without
+    decoding it again: the reference's own digest, the image's for a `data:image/` URL, None for
+    another URL (a data URL without an image type names no image)."""
+    if url.startswith(MEDIA_SCHEME):
+        return url[len(MEDIA_SCHEME):]
+    return img.digest if url.startswith("data:image/") else None
 
 
 def blind_summary(messages: Sequence[Mapping[str, Any]], h0: bytes, response_digest: bytes) -> str:
@@ -99,41 +66,7 @@ def blind_summary(messages: Sequence[Mapping[str, Any]], h0: bytes, response_dig
     return chain_step(blind_chain(messages, h0), response_digest).hex()
 
 
-def changed_image(messages: Sequence[Any], j: int, parent_id: str,
-                  parent_images: Sequence[tuple[int, int, str]]) -> BadRequest | None:
-    """The 400 for a request whose messages[:j] match call `parent_id`'s request except for an
-    image's pixels (the first such image named), or None when none differs."""
-    now = {(i, k): digest_of_url(url) for i, k, url in image_positions(list(messages[:j]))}
-    for i, k, digest in parent_images:
-        if now.get((i, k)) != digest:
-            return BadRequest(
-                f"messages[{i}].content[{k}]: this image's pixels differ from those call {parent_id} saw at this "
-                "place in the conversation, which this request otherwise continues: send the kept image "
-                "unchanged (re-encoding the same pixels is fine), or drop old images to start a new root",
-                param="messages", code="image_changed")
-    return None
-
-
-__all__ = ["blind_chain", "blind_message_hash", "blind_summary", "changed_image", "load_request_images",
-           "media_content"]
-
-
-def prepared_images(prepared: Sequence[Mapping[str, Any]]) -> list[Image]:
-    """The images of prepared messages (`media_content`), in order, from the decoded-image cache."""
-    from rowgrove.media import known
-
-    out: list[Image] = []
-    for m in prepared:
-        content = m.get("content")
-        if isinstance(content, list):
-            for part in content:
-                if isinstance(part, Mapping) and part.get("type") == "image":
-                    img = known(part["image"])
-                    if img is None:
-                        raise BadRequest("an image of this request was evicted from the decoded-image cache "
-                                         "while it was rendered: send fewer images per request", param="messages")
-                    out.append(img)
-    return out
+__all__ = ["RequestImages", "blind_chain", "blind_message_hash", "blind_summary", "load_request_images"]
 
 
 def gateway_vision(tokenizer: Any, ledger: Any, folder: Any) -> Any:

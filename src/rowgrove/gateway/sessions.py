@@ -45,8 +45,10 @@ from rowgrove.errors import (
     Unavailable,
 )
 from rowgrove.gateway.core.decide import (
+    NO_IMAGES,
     Decision,
     RolloutIndex,
+    check_request,
     decide,
     response_message,
     summary_hashes,
@@ -288,8 +290,16 @@ class Gateway:
                 return Completion(original, str(original.get("id", "")), generated=False)
             if session.finished:
                 raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
-        plan = decide(self._index(session), req.messages, self.renderer, tools=req.tools,
-                      options=req.chat_template_kwargs)
+        index = self._index(session)
+        messages, images = req.messages, NO_IMAGES
+        vision = self.renderer.vision
+        if vision is not None:  # the request's images resolved once, here at the edge, before decide
+            from rowgrove.gateway.images import load_request_images
+
+            check_request(messages, req.tools, req.chat_template_kwargs)
+            messages, images = load_request_images(messages, folder=vision.folder, lookup=vision.lookup)
+        plan = decide(index, messages, self.renderer, tools=req.tools,
+                      options=req.chat_template_kwargs, images=images)
         if plan.images and not getattr(self.engine, "takes_images", True):  # refused before the ledger
             raise BadRequest(f"the {getattr(self.engine, 'kind', 'configured')} engine does not pass images to its "
                              "server: serve a vision model with --engine sglang, hf or scripted", param="messages")

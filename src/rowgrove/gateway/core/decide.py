@@ -44,8 +44,15 @@ import numpy as np
 import orjson
 
 from rowgrove.errors import BadRequest, RowgroveError
-from rowgrove.gateway.core.messages import _check_message, response_message, validate_messages, validate_tools
-from rowgrove.hashing import chain_start, chain_step, message_hash
+from rowgrove.gateway.core.messages import (
+    NO_IMAGES,
+    RequestImages,
+    _check_message,
+    response_message,
+    validate_messages,
+    validate_tools,
+)
+from rowgrove.hashing import blind_chain, chain_start, chain_step, message_hash
 from rowgrove.types import Call
 
 if TYPE_CHECKING:
@@ -156,7 +163,7 @@ class RolloutIndex:
         self._states = itertools.count(1)
         self._snapshots: list[_Snapshot] = []
         # calls whose request carried images: image-blind summary -> call ids, and each one's
-        # image places (message, part, pixel digest): the kept-image check (gateway.images)
+        # image places (message, part, pixel digest): the kept-image check
         self._by_blind: dict[str, list[str]] = {}
         self._images: dict[str, list[tuple[int, int, str]]] = {}
         # the window path (render.Renderer.fast_window): each call's window facts, and the
@@ -211,21 +218,22 @@ class RolloutIndex:
         """The window facts of completed call `call_id` (None: its children render in full)."""
         return self._windows.get(call_id)
 
-    def prepared(self, messages: Sequence[Any], renderer: Renderer) -> list[dict[str, Any]]:
+    def prepared(self, messages: Sequence[Any], renderer: Renderer,
+                 images: RequestImages = NO_IMAGES) -> list[dict[str, Any]]:
         """`renderer.prepare(messages)` of the messages the latest `chain` hashed, reusing the
         prepared prefix of a recent request whose raw messages this one starts with."""
         states = self.last_states
         n = len(messages)
         if len(states) != n:  # `chain` was not this index's (a subclass that hashes on its own)
-            return renderer.prepare(messages)
+            return renderer.prepare(messages, images=images)
         k = n - 1
         while k >= 0 and n - k <= 8 and states[k] not in self._prepared:
             k -= 1
         if k >= 0 and states[k] in self._prepared:
             head = self._prepared[states[k]]
-            out = head + renderer.prepare(messages[k + 1:], k + 1)
+            out = head + renderer.prepare(messages[k + 1:], k + 1, images=images)
         else:
-            out = renderer.prepare(messages)
+            out = renderer.prepare(messages, images=images)
         if n:
             self._prepared[states[-1]] = out
             self._prepared.move_to_end(states[-1])
@@ -239,18 +247,24 @@ class RolloutIndex:
         self._by_blind.setdefault(blind_summary, []).append(call_id)
         self._images[call_id] = list(places)
 
-    def check_kept_images(self, messages: Sequence[Any], j: int, h0: bytes) -> None:
-        """BadRequest when `messages[:j+1]` is the conversation of a call of this rollout in
-        everything but the pixels of an image that call saw (`gateway.images`)."""
-        from rowgrove.gateway.images import blind_chain, changed_image
-
+    def check_kept_images(self, messages: Sequence[Any], j: int, h0: bytes, images: RequestImages) -> None:
+        """BadRequest (code `image_changed`) when `messages[:j+1]` is the conversation of a call of
+        this rollout in everything but the pixels of an image that call saw in `messages[:j]`, the
+        first such image named; `images`: the request's images as the edge resolved them."""
         if not self._by_blind:
             return
         found = self._by_blind.get(blind_chain(messages[: j + 1], h0).hex())
-        if found:
-            err = changed_image(messages, j, found[-1], self._images.get(found[-1], ()))
-            if err is not None:
-                raise err
+        if not found:
+            return
+        parent_id = found[-1]
+        now = images.digests
+        for i, k, digest in self._images.get(parent_id, ()):
+            if (now.get((i, k)) if i < j else None) != digest:
+                raise BadRequest(
+                    f"messages[{i}].content[{k}]: this image's pixels differ from those call {parent_id} saw at this "
+                    "place in the conversation, which this request otherwise continues: send the kept image "
+                    "unchanged (re-encoding the same pixels is fine), or drop old images to start a new root",
+                    param="messages", code="image_changed")
 
     def _extends(self, ctx: list[int], parent: _Node) -> bool:
         """Whether `ctx` can start with `parent`'s context: long enough, and equal to it at both
@@ -442,37 +456,41 @@ class _Snapshot:
 # -- the decision ----------------------------------------------------------------------------------
 
 
-def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Renderer, *,
-           tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None) -> Decision:
-    """Root or continuation for one request of the rollout whose index is `index`.
-
-    Validates the messages (BadRequest, param "messages") the first time the rollout sees each one,
-    and the tools (param "tools"). Does not change the index: add the call with
-    `index.add_call(...)` once it has completed.
-    """
+def check_request(messages: Any, tools: Sequence[Any] | None, options: Any) -> None:
+    """The request-level checks `decide` makes first (BadRequest): a non-empty list of messages,
+    valid tools (param "tools"), template kwargs that are an object. The edge makes them before it
+    resolves a request's images, so errors come in the same order with images as without."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of message objects", param="messages")
     validate_tools(tools)
     if options is not None and not isinstance(options, Mapping):
         raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
-    images: list[Any] = []
-    vision = renderer.vision
-    if vision is not None:
-        from rowgrove.gateway.images import load_request_images
 
-        messages, images = load_request_images(messages, folder=vision.folder, lookup=vision.lookup)
+
+def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Renderer, *,
+           tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None,
+           images: RequestImages = NO_IMAGES) -> Decision:
+    """Root or continuation for one request of the rollout whose index is `index`.
+
+    Validates the messages (BadRequest, param "messages") the first time the rollout sees each one,
+    and the tools (param "tools"). For a vision model, `messages` and `images` are what the edge
+    made of the request (`gateway.images.load_request_images`: file URLs as stored references, each
+    image part's pixel digest); `decide` reads the images only from `images`. Does not change the
+    index: add the call with `index.add_call(...)` once it has completed.
+    """
+    check_request(messages, tools, options)
     h0 = chain_start(tools, options)
     index.last_states = []
     chain = index.chain(messages, h0)
     states = index.last_states if len(index.last_states) == len(messages) else [object()] * len(messages)
     request_hash = chain[-1].hex()
-    prepared = index.prepared(messages, renderer) if renderer.fast is not None else None
+    prepared = index.prepared(messages, renderer, images) if renderer.fast is not None else None
 
     def root(reason: str) -> Decision:
-        r = renderer.root(messages, tools, options, prepared=prepared)
+        r = renderer.root(messages, tools, options, prepared=prepared, images=images)
         window = _window_info(states[-1], renderer.last_split, len(r.text), len(messages)) if prepared is not None else None
         return Decision(None, r.ids, r.ids, request_hash, chain, reason, context_text=r.text,
-                        images=images, messages=messages, window=window)
+                        images=images.images, messages=messages, window=window)
 
     j = len(messages) - 1
     while j >= 0 and messages[j].get("role") != "assistant":
@@ -486,8 +504,8 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
         return root(NOT_USER_OR_TOOL)
     found = index.candidates(chain[j].hex())
     if not found:
-        if images:
-            index.check_kept_images(messages, j, h0)  # 400 when only a kept image's pixels changed
+        if images.images:
+            index.check_kept_images(messages, j, h0, images)  # 400 when only a kept image's pixels changed
         return root(REWRITTEN)
     parent = found[-1]
     last = index.last_token(parent)
@@ -499,8 +517,8 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
         if fast is not None:
             ids, rest, window = fast
             return Decision(parent, ids, index.context_list(parent) + ids, request_hash, chain, CONTINUATION,
-                            context_text=parent_text + rest, images=images, messages=messages, window=window)
-    new = renderer.continuation(messages, j, parent_text, last, tools, options, prepared=prepared)
+                            context_text=parent_text + rest, images=images.images, messages=messages, window=window)
+    new = renderer.continuation(messages, j, parent_text, last, tools, options, prepared=prepared, images=images)
     if new is None:
         return root(NOT_SPLITTABLE)
     window = None
@@ -508,7 +526,7 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
         window = _window_info(states[-1], renderer.last_split, len(parent_text) + len(new.text),
                               len(messages))
     return Decision(parent, new.ids, index.context_list(parent) + new.ids, request_hash, chain, CONTINUATION,
-                    context_text=parent_text + new.text, drift=new.drift, images=images, messages=messages,
+                    context_text=parent_text + new.text, drift=new.drift, images=images.images, messages=messages,
                     window=window)
 
 
@@ -545,5 +563,5 @@ def _window_continuation(index: RolloutIndex, parent: str, parent_text: str, las
                                  info.offset)
 
 
-__all__ = ["Decision", "RolloutIndex", "WindowInfo", "decide", "response_message", "summary_hashes",
-           "validate_messages", "validate_tools"]
+__all__ = ["Decision", "RequestImages", "RolloutIndex", "WindowInfo", "check_request", "decide", "response_message",
+           "summary_hashes", "validate_messages", "validate_tools"]

@@ -5,6 +5,8 @@ for a sampled reply. Pure: no I/O."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from rowgrove.errors import BadRequest
@@ -12,6 +14,41 @@ from rowgrove.hashing import ROLES, media_part_problem
 
 if TYPE_CHECKING:
     from rowgrove.toolcalls import ParsedMessage
+
+
+# -- a request's images, as the edge resolved them ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestImages:
+    """A request's images resolved once, at the edge (`gateway.images.load_request_images`), before
+    `decide`: what the decision and rendering core reads instead of the image parts' URLs.
+
+    `images`: the decoded images (`rowgrove.media.Image`) in prompt order, one per image part.
+    `digests`: (message index, part index) of each image part -> the pixel digest its URL names,
+    or None for a URL that names none (a data URL without an image type)."""
+
+    images: list[Any] = field(default_factory=list)
+    digests: dict[tuple[int, int], str | None] = field(default_factory=dict)
+
+    @cached_property
+    def by_message(self) -> dict[int, dict[int, str | None]]:
+        """message index -> {part index -> pixel digest} of its image parts."""
+        out: dict[int, dict[int, str | None]] = {}
+        for (i, k), digest in self.digests.items():
+            out.setdefault(i, {})[k] = digest
+        return out
+
+    @cached_property
+    def by_digest(self) -> dict[str, Any]:
+        """pixel digest -> the request's first image with those pixels."""
+        out: dict[str, Any] = {}
+        for img in self.images:
+            out.setdefault(img.digest, img)
+        return out
+
+
+NO_IMAGES = RequestImages()
 
 
 # -- validation ------------------------------------------------------------------------------------

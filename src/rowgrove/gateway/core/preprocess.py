@@ -31,11 +31,13 @@ import jinja2.nodes as jn
 import orjson
 
 from rowgrove.errors import BadRequest
-from rowgrove.gateway.images import is_image_part, media_content
+from rowgrove.gateway.core.messages import NO_IMAGES, RequestImages
 
 STRING = "string"
 OPENAI = "openai"
 _TEXT_PARTS = ("text", "input_text", "output_text", "refusal")
+_MEDIA_TEXT_PARTS = ("text", "input_text", "output_text")
+_IMAGE_PARTS = ("image_url", "input_image")
 
 
 def detect_content_format(chat_template: str) -> str:
@@ -87,16 +89,17 @@ def _is_content_access(node: jn.Node) -> bool:
 
 
 def engine_message(msg: Mapping[str, Any], index: int, content_format: str = STRING, *,
-                   media: bool = False) -> dict[str, Any]:
+                   media: bool = False, images: RequestImages = NO_IMAGES) -> dict[str, Any]:
     """One OpenAI message as the engine's chat endpoint passes it to the template (see the module
     docstring). The input must already be a valid message (`decide.validate_messages`). With
     `media` (a vision model) image parts are kept, as `{"type": "image", "image": <pixel digest>}`
-    in a list of parts (what vLLM hands a multimodal template), with text parts as they are."""
+    in a list of parts (what vLLM hands a multimodal template), with text parts as they are; the
+    digests are those the edge resolved (`images`, the request's `RequestImages`)."""
     role = msg.get("role")
     out: dict[str, Any] = {"role": role}
     content = msg.get("content")
-    if media and isinstance(content, list) and any(is_image_part(p) for p in content):
-        out["content"] = media_content(content, index)
+    if media and isinstance(content, list) and any(_is_image_part(p) for p in content):
+        out["content"] = media_content(content, index, images.by_message.get(index, {}))
     else:
         out["content"] = _content(content, index, content_format)
     if role == "assistant":
@@ -120,6 +123,53 @@ def engine_message(msg: Mapping[str, Any], index: int, content_format: str = STR
 def engine_messages(messages: Sequence[Mapping[str, Any]], content_format: str = STRING) -> list[dict[str, Any]]:
     """`engine_message` for each message."""
     return [engine_message(m, i, content_format) for i, m in enumerate(messages)]
+
+
+def _is_image_part(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") in _IMAGE_PARTS
+
+
+def media_content(content: Sequence[Any], index: int, digests: Mapping[int, str | None]) -> list[dict[str, Any]]:
+    """A content list with images as a vision template takes it: text parts `{"type": "text",
+    "text": ...}`, image parts `{"type": "image", "image": <pixel digest>}` (the template writes a
+    placeholder; the digest tells the renderer which image it stands for). `digests`: part index
+    -> the pixel digest the edge resolved for the image part there."""
+    out: list[dict[str, Any]] = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in _MEDIA_TEXT_PARTS:
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise BadRequest(f"messages[{index}].content[{k}]: a {kind} part needs a string", param="messages")
+            out.append({"type": "text", "text": text})
+        elif _is_image_part(part):
+            digest = digests.get(k)
+            if digest is None:
+                raise BadRequest(f"messages[{index}].content[{k}]: the image could not be read: send "
+                                 "data:image/png;base64,...", param="messages")
+            out.append({"type": "image", "image": digest})
+        else:
+            raise BadRequest(
+                f"messages[{index}].content[{k}]: parts of type {kind!r} cannot be rendered by this model's "
+                "chat template (text and image parts only)", param="messages")
+    return out
+
+
+def prepared_images(prepared: Sequence[Mapping[str, Any]], images: RequestImages) -> list[Any]:
+    """The images of prepared messages (`media_content`), in order, as the edge resolved them."""
+    out: list[Any] = []
+    by_digest = images.by_digest
+    for m in prepared:
+        content = m.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "image":
+                    img = by_digest.get(part["image"])
+                    if img is None:
+                        raise BadRequest("an image of this request was evicted from the decoded-image cache "
+                                         "while it was rendered: send fewer images per request", param="messages")
+                    out.append(img)
+    return out
 
 
 def _content(content: Any, index: int, content_format: str) -> Any:

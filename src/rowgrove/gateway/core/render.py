@@ -52,7 +52,8 @@ from typing import Any
 import orjson
 
 from rowgrove.errors import BadRequest, InputError
-from rowgrove.gateway.core.preprocess import detect_content_format, engine_message
+from rowgrove.gateway.core.messages import NO_IMAGES, RequestImages
+from rowgrove.gateway.core.preprocess import detect_content_format, engine_message, prepared_images
 
 # apply_chat_template's own parameters, and the variables it fills from the tokenizer: a
 # chat_template_kwargs key with one of these names would change how rendering works (or which
@@ -143,10 +144,13 @@ class Renderer:
 
     # -- rendering ------------------------------------------------------------------------------
 
-    def prepare(self, messages: Sequence[Mapping[str, Any]], start: int = 0) -> list[dict[str, Any]]:
+    def prepare(self, messages: Sequence[Mapping[str, Any]], start: int = 0, *,
+                images: RequestImages = NO_IMAGES) -> list[dict[str, Any]]:
         """The messages as the engine's chat endpoint hands them to the template
-        (`preprocess.engine_message`), memoized by each message's raw JSON. `start`: the index of
-        `messages[0]` in its request (for error messages)."""
+        (`preprocess.engine_message`), memoized by each message's raw JSON (an image part's URL
+        names one pixel digest, so a memo hit holds the digest the edge resolved). `start`: the
+        index of `messages[0]` in its request. `images`: the request's images as the edge
+        resolved them (a vision model)."""
         out = []
         cache = self._prepared
         media = self.vision is not None
@@ -154,11 +158,11 @@ class Renderer:
             try:
                 key = orjson.dumps(m)
             except (orjson.JSONEncodeError, TypeError):
-                out.append(engine_message(m, i, self.content_format, media=media))
+                out.append(engine_message(m, i, self.content_format, media=media, images=images))
                 continue
             hit = cache.get(key)
             if hit is None:
-                hit = engine_message(m, i, self.content_format, media=media)
+                hit = engine_message(m, i, self.content_format, media=media, images=images)
                 cache[key] = hit
                 if len(cache) > _PREPARED_CACHE:
                     cache.popitem(last=False)
@@ -166,11 +170,12 @@ class Renderer:
         return out
 
     def render_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
-                    options: Mapping[str, Any] | None = None, *, add_generation_prompt: bool = True) -> str:
+                    options: Mapping[str, Any] | None = None, *, add_generation_prompt: bool = True,
+                    images: RequestImages = NO_IMAGES) -> str:
         """The template's text for `messages` (prepared as the engine would). BadRequest when the
         template refuses them, naming the template's own message, or when an option clashes with
         a renderer parameter."""
-        return self._render(self.prepare(messages), tools, options, add_generation_prompt)
+        return self._render(self.prepare(messages, images=images), tools, options, add_generation_prompt, images)
 
     def render_root(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
                     options: Mapping[str, Any] | None = None) -> list[int]:
@@ -179,17 +184,19 @@ class Renderer:
         return self.root(messages, tools, options).ids
 
     def root(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
-             options: Mapping[str, Any] | None = None, *, prepared: list[dict[str, Any]] | None = None) -> Rendered:
+             options: Mapping[str, Any] | None = None, *, prepared: list[dict[str, Any]] | None = None,
+             images: RequestImages = NO_IMAGES) -> Rendered:
         """`render_root` with the text the ids encode. `prepared`: `prepare(messages)`, when the
-        caller has it."""
+        caller has it; `images`: the request's images as the edge resolved them."""
         if prepared is None:
-            prepared = self.prepare(messages)
-        text = self._render(prepared, tools, options, True)
+            prepared = self.prepare(messages, images=images)
+        text = self._render(prepared, tools, options, True, images)
         return Rendered(self.encode_prompt(text), text)
 
     def continuation(self, messages: Sequence[Mapping[str, Any]], j: int, parent_text: str, parent_last: int,
                      tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None, *,
-                     prepared: list[dict[str, Any]] | None = None) -> Continuation | None:
+                     prepared: list[dict[str, Any]] | None = None,
+                     images: RequestImages = NO_IMAGES) -> Continuation | None:
         """What follows the parent's context when `messages[j]` is the parent's response and
         `messages[j+1:]` are new user/tool messages (see the module docstring). `parent_text` is
         the parent's context as text, `parent_last` its last (stop) token id. None when the new
@@ -197,14 +204,14 @@ class Renderer:
         if parent_last not in self._added_text:
             return None
         if prepared is None:
-            prepared = self.prepare(messages)
-        text = self._render(prepared, tools, options, True)
+            prepared = self.prepare(messages, images=images)
+        text = self._render(prepared, tools, options, True, images)
         if text.startswith(parent_text) and len(text) > len(parent_text):
             rest = text[len(parent_text):]
             ids = self._after(parent_last, rest)
             return None if ids is None else Continuation(ids, rest, False)
         whole = self.last_split  # the split of the request's own rendering, not of the probes below
-        at = self._drift_boundary(prepared, j, text, tools, options, parent_last)
+        at = self._drift_boundary(prepared, j, text, tools, options, parent_last, images)
         self.last_split = whole
         if at is None:
             return None
@@ -284,12 +291,11 @@ class Renderer:
     # -- internals ------------------------------------------------------------------------------
 
     def _render(self, prepared: list[dict[str, Any]], tools: Sequence[Any] | None,
-                options: Mapping[str, Any] | None, add_generation_prompt: bool) -> str:
+                options: Mapping[str, Any] | None, add_generation_prompt: bool,
+                images: RequestImages = NO_IMAGES) -> str:
         text = self._render_template(prepared, tools, options, add_generation_prompt)
         if self.vision is not None:
-            from rowgrove.gateway.images import prepared_images
-
-            text = self.vision.expand(text, prepared_images(prepared))
+            text = self.vision.expand(text, prepared_images(prepared, images))
         return text
 
     def _render_template(self, prepared: list[dict[str, Any]], tools: Sequence[Any] | None,
@@ -390,7 +396,8 @@ class Renderer:
         return ids[1:]
 
     def _drift_boundary(self, prepared: list[dict[str, Any]], j: int, text: str, tools: Sequence[Any] | None,
-                        options: Mapping[str, Any] | None, parent_last: int) -> tuple[int, int] | None:
+                        options: Mapping[str, Any] | None, parent_last: int,
+                        images: RequestImages = NO_IMAGES) -> tuple[int, int] | None:
         """(id of the marker that ends the parent's turn in `text`, the offset just after it), or
         None when it cannot be located exactly (see the module docstring)."""
         if j + 1 >= len(prepared):
@@ -400,7 +407,7 @@ class Renderer:
             return None
         alt_msg, original, replacement = changed
         try:
-            alt = self._render(prepared[: j + 1] + [alt_msg] + prepared[j + 2:], tools, options, True)
+            alt = self._render(prepared[: j + 1] + [alt_msg] + prepared[j + 2:], tools, options, True, images)
         except BadRequest:
             return None
         d = _common_prefix(text, alt)
@@ -419,17 +426,17 @@ class Renderer:
         if best_id != parent_last and not (closing and parent_last in self.stop_ids):
             return None
         if not (self._ends_reply(text, best, self._added_text[best_id], prepared[j])
-                or self._same_turn_count(text, best, prepared[: j + 1], tools, options)):
+                or self._same_turn_count(text, best, prepared[: j + 1], tools, options, images)):
             return None
         return best_id, best
 
     def _same_turn_count(self, text: str, end: int, prefix: list[dict[str, Any]], tools: Sequence[Any] | None,
-                         options: Mapping[str, Any] | None) -> bool:
+                         options: Mapping[str, Any] | None, images: RequestImages = NO_IMAGES) -> bool:
         """Whether `text[:end]` holds as many turn markers as the template writes for `prefix`
         (the conversation through the parent's turn) on its own: the boundary then closes the
         parent's turn, not an earlier one."""
         try:
-            alone = self._render(prefix, tools, options, False)
+            alone = self._render(prefix, tools, options, False, images)
         except BadRequest:
             return False
         markers, _ = self._turn_markers()
