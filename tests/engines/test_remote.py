@@ -331,3 +331,25 @@ def test_renice_descendants_sets_every_thread_of_every_descendant_and_not_the_pa
             os.kill(p, 9)
         parent.kill()
         parent.wait()
+
+
+def test_a_model_vllms_cpu_attention_cannot_run_is_refused_before_start_up(tmp_path):
+    """vLLM's CPU attention takes head_dim 32..512; the default tiny model (hidden 64, 4 heads:
+    head_dim 16) would start and kill the engine on its first request, so the launcher refuses it
+    by name, before looking for vLLM at all, and says how to build one it can serve."""
+    import json
+
+    from rowgrove.engines.launch import check_cpu_servable, start_vllm
+    from rowgrove.model.tiny import servable_kwargs
+
+    with pytest.raises(EngineError, match=r"head_dim 16 .*servable_kwargs"):
+        start_vllm(model_dir("tiny"), python=tmp_path / "no-such-python")
+    servable = tmp_path / "servable"
+    servable.mkdir()
+    kw = servable_kwargs()
+    (servable / "config.json").write_text(json.dumps({"hidden_size": kw["hidden"], "num_attention_heads": kw["heads"]}))
+    check_cpu_servable(servable)  # head_dim 32: fine
+    (servable / "config.json").write_text(json.dumps({"text_config": {"hidden_size": 2048, "num_attention_heads": 2}}))
+    with pytest.raises(EngineError, match="head_dim 1024"):
+        check_cpu_servable(servable)
+    check_cpu_servable(tmp_path / "not-a-folder")  # a hub name: left to vLLM

@@ -153,6 +153,28 @@ class VLLMServer:
         self.stop()
 
 
+def check_cpu_servable(model: str | Path) -> None:
+    """Refuse, before a 30 s start-up, a model vLLM's CPU attention cannot run: it takes head_dim
+    32..512, and a model outside that starts but kills the engine on its first request
+    ("Unsupported CPU attention configuration"). A model that is not a local folder is left to vLLM."""
+    config_path = Path(model) / "config.json"
+    if not config_path.is_file():
+        return
+    import json
+
+    try:
+        config = json.loads(config_path.read_text())
+        text = config.get("text_config") or config
+        head_dim = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+    except (ValueError, KeyError, TypeError, ZeroDivisionError):
+        return  # an unusual config: vLLM reads it itself
+    if not 32 <= head_dim <= 512:
+        raise EngineError(f"{model}: head_dim {head_dim} (hidden_size / num_attention_heads) is outside 32..512, "
+                          "which vLLM's CPU attention needs (the engine dies on the first request); build the "
+                          "tiny model with rowgrove.model.tiny.servable_kwargs() (hidden 64, 2 heads) or serve "
+                          "it on a GPU (device='cuda')")
+
+
 def start_vllm(model: str | Path, *, python: str | Path | None = None, port: int | None = None,
                device: str = "cpu", served_model: str | None = None, extra_args: Sequence[str] = (),
                log_path: str | Path | None = None, startup_timeout: float = 240.0,
@@ -167,6 +189,8 @@ def start_vllm(model: str | Path, *, python: str | Path | None = None, port: int
     EngineError (naming the log and its last lines) when vLLM is not installed there, the process
     exits, or `/health` is not 200 within `startup_timeout` seconds; the process is ended then.
     """
+    if device == "cpu":
+        check_cpu_servable(model)
     python = Path(python) if python is not None else default_vllm_python()
     if python is None or not Path(python).is_file():
         raise EngineError(f"no vLLM environment at {python or '.venv-vllm/bin/python'}: run "
