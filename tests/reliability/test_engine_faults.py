@@ -293,7 +293,9 @@ def test_a_server_that_dies_mid_stream_or_hangs_is_never_reward_0(served, fault,
     ro = gw.create_rollout("g-served")
     client = OpenAI(base_url=ro["base_url"], api_key=ro["api_key"], max_retries=0)
     first = client.chat.completions.create(model="tiny", messages=USER, max_tokens=4)
-    history = USER + [{"role": "assistant", "content": first.choices[0].message.content},
+    # the assistant message as the SDK returned it (a random model's 4 tokens may parse into
+    # reasoning or a tool call; its content alone would then match no call)
+    history = USER + [first.choices[0].message.model_dump(exclude_none=True),
                       {"role": "user", "content": "and then?"}]
     server.fault(fault)
     try:
