@@ -59,5 +59,7 @@ if __name__ == "__main__":  # under torchrun: the process group comes from its e
     assert init_from_env("cpu")
     try:
         dp_update_worker(sys.argv[1], sys.argv[2:])
+        dist.barrier()  # both ranks done before either tears down (rank 0 hosts the store; a rank
+        # that left early once aborted rank 0's teardown: "terminate called without an active exception")
     finally:
         dist.destroy_process_group()
