@@ -151,7 +151,7 @@ def test_a_client_disconnect_aborts_the_request_inside_vllm(long_gateway):
     else:
         with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=httpx.Timeout(60, read=0.5)) as http:
             http.post(f"{ro['base_url']}/chat/completions", json=body, headers=headers)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # vLLM logs the abort late on a busy machine
     calls: list = []
     while time.monotonic() < deadline:
         with Ledger(handle.ledger.path, readonly=True) as led:
