@@ -35,7 +35,7 @@ demo: $(STAMP)
 # when their environment is missing). A failed test is rerun once (timing-sensitive tests against
 # real servers on 2 shared cores); the summary counts reruns, so a flaky test stays visible.
 test: envs
-	ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 $(PY) -m pytest -q --reruns 1 --reruns-delay 2
+	ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 $(PY) -m pytest -q -rR --reruns 1 --reruns-delay 2
 
 bench: $(STAMP)
 	$(VENV)/bin/rowgrove bench
