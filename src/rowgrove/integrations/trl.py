@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from rowgrove.errors import InputError
-from rowgrove.integrations.weighting import check_mode, weigh_rows
+from rowgrove.integrations.weighting import check_mode, padded_layout, weigh_rows
 from rowgrove.types import Row
 
 LOSS_TYPE = "dapo"
@@ -133,23 +133,10 @@ class RowgroveGRPOTrainer(_GRPOTrainer):
         n = len(kept) + (-len(kept)) % S
         P = max(w.start for w in kept)
         T = max(len(w.row.input_ids) - w.start for w in kept)
-        prompt_ids = np.full((n, P), pad, np.int64)
-        prompt_mask = np.zeros((n, P), np.int64)
-        completion_ids = np.full((n, T), pad, np.int64)
-        completion_mask = np.zeros((n, T), np.int64)
-        tool_mask = np.zeros((n, T), np.int64)
-        adv = np.zeros((n, T), np.float64)
-        old = np.zeros((n, T), np.float64)
-        for i, w in enumerate(kept):
-            ids = np.asarray(w.row.input_ids, np.int64)
-            s, m = w.start, len(ids) - w.start
-            prompt_ids[i, P - s:] = ids[:s]
-            prompt_mask[i, P - s:] = 1
-            completion_ids[i, :m] = ids[s:]
-            completion_mask[i, :m] = 1
-            tool_mask[i, :m] = np.asarray(w.row.loss_mask)[s:] != 0
-            adv[i, :m] = w.coef_T[s:]
-            old[i, :m] = np.asarray(w.row.logprobs, np.float64)[s:]
+        lay = padded_layout(kept, pad=pad, prompt_len=P, response_len=T, n_rows=n)
+        prompt_ids, prompt_mask = lay["prompts"], lay["prompt_mask"]
+        completion_ids, completion_mask, tool_mask = lay["responses"], lay["response_attention"], lay["loss_mask"]
+        adv, old = lay["coef"], lay["logprobs"]
         prompt_mask[len(kept):, -1] = 1  # padding rows: one pad token of context, nothing trained
         dev = self.accelerator.device
 

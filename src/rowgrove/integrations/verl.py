@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from rowgrove.errors import InputError, name_some
-from rowgrove.integrations.weighting import LOSS_MODES, Weighted, check_mode, weigh_rows
+from rowgrove.integrations.weighting import LOSS_MODES, Weighted, check_mode, padded_layout, weigh_rows
 from rowgrove.types import Row
 
 NAME = "rowgrove"
@@ -107,26 +107,12 @@ def _layout(weighted: Weighted, *, pad_token_id: int, max_prompt_length: int | N
             f"{len(long_r)} responses over {R} tokens ({name_some(long_r)}): raise max_prompt_length / "
             "max_response_length (rows are never truncated: that would drop sampled tokens)"
         )
-    N = len(rows)
-    prompts = np.full((N, P), pad_token_id, np.int64)
-    responses = np.full((N, R), pad_token_id, np.int64)
-    p_mask = np.zeros((N, P), np.int64)
-    r_mask = np.zeros((N, R), np.int64)
-    response_mask = np.zeros((N, R), np.int64)
-    logp = np.zeros((N, R), np.float64)
-    coef = np.zeros((N, R), np.float64)
-    rewards = np.zeros((N, R), np.float64)
-    for i, w in enumerate(rows):
-        ids = np.asarray(w.row.input_ids, np.int64)
-        s, n = w.start, r_len[i]
-        prompts[i, P - s:] = ids[:s]
-        p_mask[i, P - s:] = 1
-        responses[i, :n] = ids[s:]
-        r_mask[i, :n] = 1
-        response_mask[i, :n] = np.asarray(w.row.loss_mask)[s:] != 0
-        logp[i, :n] = np.asarray(w.row.logprobs, np.float64)[s:]
-        coef[i, :n] = w.coef_T[s:]
-        rewards[i, n - 1] = float(w.row.reward)  # verl puts the score on the last response token
+    lay = padded_layout(rows, pad=pad_token_id, prompt_len=P, response_len=R)
+    prompts, p_mask, responses, r_mask = lay["prompts"], lay["prompt_mask"], lay["responses"], lay["response_attention"]
+    response_mask, logp, coef = lay["loss_mask"], lay["logprobs"], lay["coef"]
+    rewards = np.zeros((len(rows), R), np.float64)
+    for i, n in enumerate(r_len):
+        rewards[i, n - 1] = float(rows[i].row.reward)  # verl puts the score on the last response token
     attention = np.concatenate([p_mask, r_mask], axis=1)
     position = np.clip(np.cumsum(attention, axis=1) - 1, 0, None)
     return {"prompts": prompts, "responses": responses, "input_ids": np.concatenate([prompts, responses], axis=1),

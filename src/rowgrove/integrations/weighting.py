@@ -107,3 +107,29 @@ def weigh_rows(rows: Sequence[Row], *, loss_mode: str = "token-mean", estimator:
         raise InputError(f"none of the {len(rows)} rows has a generated token of a valid rollout "
                          f"({invalid} rows of invalid rollouts): nothing to train on")
     return Weighted(kept, invalid, empty)
+
+
+def padded_layout(rows: Sequence[WeightedRow], *, pad: int, prompt_len: int, response_len: int,
+                  n_rows: int | None = None) -> dict[str, np.ndarray]:
+    """The rows as trainers lay them out: prompts (the tokens before the first sampled one)
+    left-padded to `prompt_len`, responses right-padded to `response_len`, with their attention
+    masks, the loss mask, the engine's logprobs and the coefficient A x w over the response.
+    `n_rows` (>= len(rows)) adds all-padding rows at the end. Callers check the lengths first."""
+    n = len(rows) if n_rows is None else n_rows
+    out = {"prompts": np.full((n, prompt_len), pad, np.int64), "prompt_mask": np.zeros((n, prompt_len), np.int64),
+           "responses": np.full((n, response_len), pad, np.int64),
+           "response_attention": np.zeros((n, response_len), np.int64),
+           "loss_mask": np.zeros((n, response_len), np.int64), "logprobs": np.zeros((n, response_len), np.float64),
+           "coef": np.zeros((n, response_len), np.float64)}
+    for i, w in enumerate(rows):
+        ids = np.asarray(w.row.input_ids, np.int64)
+        s, m = w.start, len(ids) - w.start
+        out["prompts"][i, prompt_len - s:] = ids[:s]
+        out["prompt_mask"][i, prompt_len - s:] = 1
+        out["responses"][i, :m] = ids[s:]
+        out["response_attention"][i, :m] = 1
+        out["loss_mask"][i, :m] = np.asarray(w.row.loss_mask)[s:] != 0
+        out["logprobs"][i, :m] = np.asarray(w.row.logprobs, np.float64)[s:]
+        out["coef"][i, :m] = w.coef_T[s:]
+    return out
+
