@@ -26,10 +26,12 @@ Figures (bench/results/gateway.json):
 `--before TREE` measures only the gateway's per-call cost against the source tree TREE (e.g.
 `git worktree add /tmp/rowgrove-before <commit>`), side by side in one run
 (bench/results/gateway_before_after.json): throughput of one process at 32 and 64 concurrent
-rollouts (saturated, so 1000 / req_per_s is the CPU time per call, all of it: HTTP, validation,
-hashing, rendering, tokenizing, SQLite, the response), server-side and end-to-end p50/p99, and
-latency at 1; the two trees alternate, three times each, and the medians are kept (the
-machine's load drifts: other processes share it).
+rollouts; the server process's CPU time per call (user + system, from /proc, over the timed
+calls: all of it, HTTP, validation, hashing, rendering, tokenizing, SQLite, the response; on a
+machine other processes share it moves far less than 1000 / req_per_s, the wall time per call of
+a saturated process, also kept); server-side and end-to-end p50/p99, and latency at 1. Both
+gateways run as `rowgrove serve` runs them (`make_server`). The two trees alternate, three times
+each, and the medians are kept (the machine's load drifts: other processes share it).
 
 `--dialects-before SRC` measures only the cost of the request dialects instead
 (bench/results/gateway_dialects.json): the same conversation over Chat Completions on the gateway
@@ -111,25 +113,26 @@ def baseline_app():
 
 
 def run_server(kind: str, port: int, ledger: str) -> None:
+    """The baseline under plain uvicorn; the gateway as `rowgrove serve` runs it (`make_server`:
+    its own HTTP protocol, no proxy-header middleware) over the null engine."""
     import uvicorn
 
     if kind == "baseline":
-        app = baseline_app()
-    else:
-        from rowgrove.gateway.app import create_app
-        from rowgrove.gateway.sessions import GatewaySettings
-        from rowgrove.ledger import Ledger
-        from rowgrove.model.load import load_tokenizer
+        uvicorn.run(baseline_app(), host="127.0.0.1", port=port, loop="uvloop", log_level="warning",
+                    access_log=False, backlog=4096)
+        return
+    from rowgrove.gateway.server import make_server
+    from rowgrove.gateway.sessions import GatewaySettings
+    from rowgrove.ledger import Ledger
+    from rowgrove.model.load import load_tokenizer
 
-        engine = NullEngine(load_tokenizer("tiny"))
-        # a real server holds torch + transformers; import them so the collector has their objects
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
+    engine = NullEngine(load_tokenizer("tiny"))
+    # a real server holds torch + transformers; import them so the collector has their objects
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
 
-        app = create_app(engine, Ledger(ledger), settings=GatewaySettings(
-            max_queue=4096, gc_freeze=kind != "gateway-nofreeze"))
-    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", log_level="warning",
-                access_log=False, backlog=4096)
+    make_server(engine, Ledger(ledger), port=port, settings=GatewaySettings(
+        max_queue=4096, gc_freeze=kind != "gateway-nofreeze")).run()
 
 
 def _free_port() -> int:
@@ -158,6 +161,11 @@ class Server:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{kind} server did not start") from None
                 time.sleep(0.05)
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the server process has used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
         self.proc.terminate()
@@ -269,12 +277,12 @@ def _pcts(xs: list[float]) -> dict[str, float]:
             "mean_ms": round(float(a.mean()), 4)}
 
 
-def _run(kind: str, ledger: str, fn, env: dict[str, str] | None = None) -> Any:
+def _run(kind: str, ledger: str, fn, env: dict[str, str] | None = None, *, pass_server: bool = False) -> Any:
     import uvloop
 
     server = Server(kind, ledger, env=env)
     try:
-        return uvloop.run(fn(server.port))
+        return uvloop.run(fn(server if pass_server else server.port))
     finally:
         server.close()
 
@@ -480,29 +488,36 @@ def before_after(tree: str, quick: bool) -> dict[str, Any]:
             runs: dict[str, list[dict]] = {"before": [], "after": []}
             for rnd in range(3):
                 for label in ("before", "after"):
-                    async def go(port: int) -> dict:
-                        await drive(port, min(rollouts, conc), conc, 2)  # warm-up
-                        return await drive(port, rollouts, conc, turns)
+                    async def go(server: Server) -> dict:
+                        await drive(server.port, min(rollouts, conc), conc, 2)  # warm-up
+                        cpu = server.cpu_s()
+                        res = await drive(server.port, rollouts, conc, turns)
+                        res["cpu_ms_per_call"] = (server.cpu_s() - cpu) * 1000 / res["requests"]
+                        return res
 
                     env = {"PYTHONPATH": src} if label == "before" else None
-                    res = _run("gateway", f"{tmp}/ba-{label}-{conc}-{rnd}.db", go, env=env)
+                    res = _run("gateway", f"{tmp}/ba-{label}-{conc}-{rnd}.db", go, env=env, pass_server=True)
                     runs[label].append({"server": _pcts([ms for _, ms in res["srv"]]),
                                         "end_to_end": _pcts([ms for _, ms in res["lat"]]),
-                                        "req_per_s": res["requests"] / res["wall_s"]})
+                                        "req_per_s": res["requests"] / res["wall_s"],
+                                        "cpu_ms_per_call": res["cpu_ms_per_call"]})
             row: dict[str, Any] = {"concurrency": conc, "rollouts": rollouts, "turns_per_rollout": turns}
             for label, rs in runs.items():
                 rps = float(np.median([r["req_per_s"] for r in rs]))
                 row[label] = {
                     "req_per_s": round(rps, 1),
-                    "cpu_ms_per_call": round(1000 / rps, 4) if conc > 1 else None,
+                    "wall_ms_per_call": round(1000 / rps, 4) if conc > 1 else None,
+                    "cpu_ms_per_call": round(float(np.median([r["cpu_ms_per_call"] for r in rs])), 4),
                     "server_p50_ms": round(float(np.median([r["server"]["p50_ms"] for r in rs])), 4),
                     "server_p99_ms": round(float(np.median([r["server"]["p99_ms"] for r in rs])), 4),
                     "end_to_end_p50_ms": round(float(np.median([r["end_to_end"]["p50_ms"] for r in rs])), 4),
                     "end_to_end_p99_ms": round(float(np.median([r["end_to_end"]["p99_ms"] for r in rs])), 4),
                 }
             row["throughput_after_over_before"] = round(row["after"]["req_per_s"] / row["before"]["req_per_s"], 3)
+            row["cpu_after_over_before"] = round(row["after"]["cpu_ms_per_call"] / row["before"]["cpu_ms_per_call"], 3)
             results[f"c{conc}"] = row
             print(f"c={conc}: req/s before {row['before']['req_per_s']} after {row['after']['req_per_s']}; "
+                  f"server CPU ms/call before {row['before']['cpu_ms_per_call']} after {row['after']['cpu_ms_per_call']}; "
                   f"e2e p99 before {row['before']['end_to_end_p99_ms']} after {row['after']['end_to_end_p99_ms']} ms",
                   flush=True)
     results["load_avg_at_end"] = round(os.getloadavg()[0], 2)

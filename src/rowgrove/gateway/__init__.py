@@ -6,7 +6,9 @@ parent's exact tokens, asks the engine, and records the call in the ledger.
                      (the edge)                               (the call's life)  (decide, render)
 
     app.py, server.py, protocol.py   the HTTP routes (Starlette) and server over an engine and a ledger
+    responses.py      what the routes send: JSON, the error mapping, the delivery-watched answer
     sessions.py       the life of one call: decide -> ledger pending -> engine -> ledger completed
+    control.py        the control routes' work: finish, lineage, rows
     settings.py       the gateway's settings and start-up choices (parsers, context length)
     images.py         image parts: loading, pixel digests, stored images (vision models)
     metrics.py        Prometheus counters and histograms

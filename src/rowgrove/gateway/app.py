@@ -19,22 +19,19 @@ control routes that create, finish and inspect rollouts.
 
 Errors leave in OpenAI's shape `{"error": {"message", "type", "param", "code"}}` (Anthropic's
 `{"type": "error", "error": {"type", "message"}}` on the Messages route); the mapping from
-`rowgrove.errors` kinds to HTTP statuses lives in one place, `error_response`. Every 5xx is logged
-with its cause on the `rowgrove.gateway` logger.
+`rowgrove.errors` kinds to HTTP statuses lives in one place, `responses.error_response`. Every 5xx
+is logged with its cause on the `rowgrove.gateway` logger.
 
-Delivery: a chat completion is sent by `DeliveredResponse`, which watches the connection while it
-sends. When the client is seen gone before the last byte of the answer was written (a stream cut
-after its first bytes, a connection closed before the body was sent) or a send fails, the call is
-recorded undelivered (`Gateway.undelivered`: the ledger moves it from completed to aborted), so
-it is never trained. What cannot be seen from the server is not caught: bytes written to a live
-connection count as delivered even if the client then closes without reading them.
+A chat completion is sent by `responses.DeliveredResponse`, which watches the connection while
+it sends (a call whose answer is seen undelivered is never trained; see `rowgrove.gateway.responses`).
+One watch per call covers both the generation (the client gone before the answer: 499, the
+engine request cancelled) and the sending.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -48,17 +45,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rowgrove.engines.base import Engine
-from rowgrove.errors import (
-    AuthError,
-    BadRequest,
-    Conflict,
-    EngineError,
-    InputError,
-    NotFound,
-    Overloaded,
-    RowgroveError,
-)
-from rowgrove.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rowgrove.errors import BadRequest, NotFound
+from rowgrove.gateway import control
 from rowgrove.gateway.dialects import anthropic_api, responses_api
 from rowgrove.gateway.dialects.canonical import canonical_finish
 from rowgrove.gateway.dialects.openai_format import (
@@ -69,6 +57,16 @@ from rowgrove.gateway.dialects.openai_format import (
     request_key,
     stream_events,
 )
+from rowgrove.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rowgrove.gateway.responses import (
+    JSON,
+    DeliveredResponse,
+    anthropic_shaped,
+    error_response,
+    json_response,
+    log_failure,
+    watch_disconnect,
+)
 from rowgrove.gateway.sessions import (
     BodyTimeout,
     BodyTooLarge,
@@ -77,93 +75,10 @@ from rowgrove.gateway.sessions import (
     GatewaySettings,
     RolloutSession,
     TooManyUploads,
-    Unavailable,
 )
 from rowgrove.ledger import Ledger
 
 __all__ = ["DeliveredResponse", "GatewaySettings", "create_app", "error_response"]
-
-JSON = "application/json"
-log = logging.getLogger("rowgrove.gateway")
-
-
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type=JSON, headers=headers)
-
-
-def error_response(exc: BaseException) -> Response:
-    """The one place where error kinds become HTTP statuses (4xx: the caller's fault, not retried;
-    408, 429 and 5xx: retry). Anything unexpected is a 500 that names the exception type. A
-    refusal that leaves the request body unread (413, 408, 503 for too many uploads) closes the
-    connection."""
-    headers: dict[str, str] | None = None
-    param = code = None
-    if isinstance(exc, BodyTooLarge):
-        status, type_, code = 413, "invalid_request_error", "request_too_large"
-        headers = {"connection": "close"}
-    elif isinstance(exc, BodyTimeout):
-        status, type_, code = 408, "invalid_request_error", "request_timeout"
-        headers = {"connection": "close"}
-    elif isinstance(exc, BadRequest):
-        status, type_, param, code = 400, "invalid_request_error", exc.param, exc.code
-    elif isinstance(exc, InputError):
-        status, type_ = 400, "invalid_request_error"
-    elif isinstance(exc, AuthError):
-        status, type_, code = 401, "authentication_error", "invalid_api_key"
-    elif isinstance(exc, NotFound):
-        status, type_, code = 404, "not_found_error", "not_found"
-    elif isinstance(exc, Conflict):
-        status, type_, code = 409, "conflict_error", "conflict"
-    elif isinstance(exc, TooManyUploads):
-        status, type_, code = 503, "service_unavailable", "too_many_uploads"
-        headers = {"retry-after": f"{max(1, round(exc.retry_after))}", "connection": "close"}
-    elif isinstance(exc, Unavailable):
-        status, type_, code = 503, "service_unavailable", "unavailable"
-        headers = {"retry-after": f"{max(1, round(exc.retry_after))}"}
-    elif isinstance(exc, Overloaded):
-        status, type_, code = 429, "rate_limit_error", "queue_full"
-        headers = {"retry-after": f"{max(1, round(exc.retry_after))}"}
-    elif isinstance(exc, EngineError):
-        status = 504 if exc.timeout else 502
-        type_, code = "engine_error", "engine_timeout" if exc.timeout else "engine_failed"
-    elif isinstance(exc, RowgroveError):
-        status, type_ = 500, "server_error"
-    else:
-        status, type_ = 500, "server_error"
-        return json_response(error_body(f"internal error: {type(exc).__name__}: {_text(exc)}", type_=type_),
-                             status)
-    return json_response(error_body(_text(exc), type_=type_, param=param, code=code), status, headers)
-
-
-def anthropic_shaped(response: Response) -> Response:
-    """An OpenAI-shaped error response re-shaped as Anthropic's error (same status and headers)."""
-    try:
-        message = orjson.loads(response.body)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = "error"
-    headers = {k: v for k, v in response.headers.items() if k in ("retry-after", "connection")}
-    return json_response(anthropic_api.error_body(response.status_code, message), response.status_code, headers or None)
-
-
-def _text(exc: BaseException) -> str:
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 - a message that cannot be built must not cost the answer
-        text = ""
-    return text or type(exc).__name__
-
-
-def log_failure(request: Request, status: int, exc: BaseException) -> None:
-    """Log a 5xx with its route and cause: the traceback for a 500 (a bug or a storage failure),
-    the message (and its cause) for the engine's and overload statuses."""
-    cause = exc.__cause__
-    where = f"{request.method} {request.url.path}"
-    if status == 500:
-        log.error("%s answered 500: %s: %s", where, type(exc).__name__, _text(exc), exc_info=exc)
-    else:
-        log.error("%s answered %d: %s: %s%s", where, status, type(exc).__name__, _text(exc),
-                  f" (caused by {type(cause).__name__}: {_text(cause)})" if cause is not None else "")
-
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -214,78 +129,6 @@ async def _read_json(request: Request, gw: Gateway) -> Any:
         gw.open_uploads -= 1
     raw = parts[0] if len(parts) == 1 else b"".join(parts)
     return load_json(raw, cfg.max_json_depth)
-
-
-async def _until_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
-    """Returns when the client goes away (the body must have been read already)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-PIECE = 64 << 10  # the most bytes of one ASGI body message: a slow reader then makes sends wait
-
-
-class DeliveredResponse:
-    """An answer sent while the connection is watched: `chunks` (one JSON body, or the SSE events
-    of a stream) go out as ASGI messages of at most `PIECE` bytes, and when the client is seen
-    gone before the last of them was written, or a send fails, `on_lost(why)` is called once the
-    sending is over.
-
-    The watch is a task waiting on `receive()` for `http.disconnect`. It is checked before each
-    message and right after the last: an ASGI server that completes the response wakes that task
-    only after `send` has returned, so a finished watch right after the last send means the
-    connection was lost while that send waited to write. Pieces bound how much of a large answer
-    can sit unsent in the server's buffer when the last piece is handed over."""
-
-    def __init__(self, chunks: list[bytes], *, media_type: str, headers: dict[str, str],
-                 on_lost: Callable[[str], None], stream: bool, status_code: int = 200):
-        self.chunks = chunks
-        self.stream = stream
-        self.status_code = status_code
-        self.on_lost = on_lost
-        raw = [(b"content-type", media_type.encode())]
-        if not stream:
-            raw.append((b"content-length", str(sum(len(c) for c in chunks)).encode()))
-        raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-        self.raw_headers = raw
-        self.background = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        watch = asyncio.ensure_future(_until_disconnect(receive))
-        why: str | None = None
-        written = 0  # messages handed over while the connection was open
-        try:
-            messages: list[dict[str, Any]] = [
-                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}]
-            pieces = [c[k:k + PIECE] for c in self.chunks for k in range(0, max(len(c), 1), PIECE)]
-            messages += [{"type": "http.response.body", "body": p, "more_body": i < len(pieces) - 1}
-                         for i, p in enumerate(pieces)]
-            for m in messages:
-                if watch.done():
-                    break
-                try:
-                    await send(m)
-                except Exception as e:  # noqa: BLE001 - e.g. OSError from an ASGI 2.4 server
-                    why = f"sending the response failed: {type(e).__name__}: {e}"
-                    break
-                if watch.done():  # lost while this send waited to write: it was dropped
-                    break
-                written += 1
-            if why is None and written < len(messages):
-                done = sum(len(m.get("body", b"")) for m in messages[:written])
-                what = "before the response started" if written == 0 else (
-                    f"after {done} of {sum(len(c) for c in self.chunks)} bytes of the "
-                    f"{'stream' if self.stream else 'body'} were sent")
-                why = f"the client disconnected {what}"
-        finally:
-            watch.cancel()
-        if why is not None:
-            try:
-                self.on_lost(why)
-            except Exception:  # noqa: BLE001 - the answer is gone; a failed record must still be seen
-                log.exception("could not record an undelivered response (%s)", why)
 
 
 def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | None = None) -> Starlette:
@@ -365,13 +208,13 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
     async def finish(request: Request) -> Response:
         s = _control_session(request)
         body = canonical_finish(await _read_json(request, gw))
-        return json_response(gw.finish(s, body))
+        return json_response(control.finish(gw, s, body))
 
     async def lineage(request: Request) -> Response:
-        return json_response(gw.lineage(_control_session(request)))
+        return json_response(control.lineage(gw, _control_session(request)))
 
     async def rows(request: Request) -> Response:
-        return json_response(gw.rows(_control_session(request)))
+        return json_response(control.rows(gw, _control_session(request)))
 
     def models_body() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": gw.model_name, "object": "model", "created": started,
@@ -401,38 +244,40 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         route was entered (the latency metric and Server-Timing count from there)."""
         retry_count = request.headers.get("x-stainless-retry-count", "0")
         retry = retry_count.isdigit() and int(retry_count) > 0
-        task = asyncio.ensure_future(gw.complete(s, req, key=request_key(body), retry=retry))
-        watch = asyncio.ensure_future(_until_disconnect(request.receive))
+        watch = watch_disconnect(request.receive)  # handed to the response once there is one
         try:
-            await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            task.cancel("server cancelled the request")
-            raise
-        finally:
-            watch.cancel()
-        if not task.done():
-            task.cancel("client disconnected before the response")
+            task = asyncio.ensure_future(gw.complete(s, req, key=request_key(body), retry=retry))
             try:
-                await task
-            except BaseException:
-                pass
-            return Response(status_code=499)
-        done = task.result()
-        elapsed = time.perf_counter() - t0
-        metrics.gateway_latency.observe(elapsed)
-        headers = {"server-timing": f"gw;dur={elapsed * 1000:.3f}"}
+                await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                task.cancel("server cancelled the request")
+                raise
+            if not task.done():
+                task.cancel("client disconnected before the response")
+                try:
+                    await task
+                except BaseException:
+                    pass
+                return Response(status_code=499)
+            done = task.result()
+            elapsed = time.perf_counter() - t0
+            metrics.gateway_latency.observe(elapsed)
+            headers = {"server-timing": f"gw;dur={elapsed * 1000:.3f}"}
 
-        def lost(why: str) -> None:
-            if done.generated:  # a replayed answer was delivered (or not) with its original request
-                gw.undelivered(s, done.call_id, why)
+            def lost(why: str) -> None:
+                if done.generated:  # a replayed answer was delivered (or not) with its original request
+                    gw.undelivered(s, done.call_id, why)
 
-        chunks, stream = answer(done)
-        if stream:
-            headers["cache-control"] = "no-cache"
-            return DeliveredResponse(chunks, media_type="text/event-stream", headers=headers,  # type: ignore[return-value]
-                                     on_lost=lost, stream=True)
-        return DeliveredResponse(chunks, media_type=JSON, headers=headers,  # type: ignore[return-value]
-                                 on_lost=lost, stream=False)
+            chunks, stream = answer(done)
+            if stream:
+                headers["cache-control"] = "no-cache"
+            response = DeliveredResponse(chunks, media_type="text/event-stream" if stream else JSON,
+                                         headers=headers, on_lost=lost, stream=stream, watch=watch)
+            watch = None  # the response cancels it once sent
+            return response  # type: ignore[return-value]
+        finally:
+            if watch is not None:
+                watch.cancel()
 
     async def chat_completions(request: Request) -> Response:
         t0 = time.perf_counter()
