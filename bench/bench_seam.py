@@ -15,8 +15,18 @@ in the seam from rows to loss, passed to `rowgrove.train.loop.train(seam=...)`.
     rowgrove bench seam [--quick] [--seeds N] [--out DIR]
     python bench/bench_seam.py [--quick] [--seeds N] [--out DIR] [--figures-only]
 
-Writes bench/results/seam.json (not with --quick), and seam.json plus seam.html (a self-contained
-page, plots inlined) to --out (default bench/results/ for a full run, runs/bench-seam for --quick).
+The long run (`--long`) trains each arm the demo's whole schedule over several seeds and
+evaluates the policy every 2 steps on the same held-out prompts, so that each defect's cost is
+measured in eval reward with a 95% interval over seeds (seam_stats): the committed
+bench/results/seam.json and seam.html are that run. Its arms run two at a time in subprocesses
+(`--jobs`, one torch thread each).
+
+    rowgrove bench seam --long [--seeds N] [--jobs J]     # the committed run, about an hour on 2 cores
+    rowgrove bench seam [--seeds N] [--out DIR]           # 4 steps a run: the row figures, short curves
+    rowgrove bench seam --quick                           # a smoke run
+
+A long run writes bench/results/seam.json and seam.html (and to --out when given); the short and
+quick runs write only to --out (default runs/bench-seam), so they never replace the long run's.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # seam_defects, seam_report beside this file
 
 import seam_defects as sd  # noqa: E402
+import seam_stats as stats  # noqa: E402
 from seam_report import write_page  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -44,17 +55,39 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # steps per run (4 prompts x 4 rollouts, 4 steps) so that 7 seams x 2 seeds fit in about 15 to 30
 # minutes on 2 shared cores.
 # The warm-up is the demo's own (cached with `rowgrove demo`'s: the first run of either pays it).
-FULL = {"steps": 4, "prompts_per_step": 4, "rollouts_per_prompt": 4, "rollouts_per_minibatch": 8}
-QUICK = {"steps": 2, "prompts_per_step": 2, "rollouts_per_prompt": 4, "rollouts_per_minibatch": 4}
+FULL = {"steps": 4, "prompts_per_step": 4, "rollouts_per_prompt": 4, "rollouts_per_minibatch": 8,
+        "eval_prompts": 0}
+QUICK = {"steps": 2, "prompts_per_step": 2, "rollouts_per_prompt": 4, "rollouts_per_minibatch": 4,
+         "eval_prompts": 0}
+# The long run: the demo's own schedule and sizes (14 steps of 8 prompts x 8 rollouts; the demo
+# lifts eval reward 0.45 -> 0.63 on it), evaluated every 2 steps on the demo's 64 held-out prompts
+# (the same prompts and sampling seeds at every evaluation and in every arm of a seed). 6 seeds:
+# in the pilot (2 seeds of rowgrove's arm) the eval reward at steps 8-12 moved by 0.00-0.04
+# between seeds and one evaluation's own noise is about 0.03 (64 prompts), so 6 seeds put the
+# 95% interval of a mean near +-0.03 and of a paired gap (same seeds, same eval prompts) below
+# that; 7 arms x 6 seeds at about 75 s a run, two at a time, is about an hour on 2 cores.
+LONG = {"steps": 14, "prompts_per_step": 8, "rollouts_per_prompt": 8, "rollouts_per_minibatch": 16,
+        "eval_prompts": 64, "eval_every": 2, "threads": 1}
+LONG_SEEDS = 6
+# "Steps to reach" threshold: in the pilot rowgrove's arm reached 0.60 at step 6 and step 10 of 14
+# (from 0.45 after the warm-up), so it separates a fast learner from a slow one within the run.
+THRESHOLD = 0.60
 
 
-def base_config(quick: bool, **overrides: Any) -> Any:
+def base_config(quick: bool, long: bool = False, **overrides: Any) -> Any:
     """The trainer config every run of the benchmark shares (seed and out are set per run)."""
     from rowgrove.train.config import TrainConfig
     from rowgrove.train.presets import DEMO
 
-    return TrainConfig(**{**DEMO, **(QUICK if quick else FULL), "eval_prompts": 0, "checkpoint_every": 0,
-                          "progress": False, "threads": 0, "concurrency": 32, **overrides})
+    sizes = LONG if long else QUICK if quick else FULL
+    return TrainConfig(**{**DEMO, "checkpoint_every": 0, "progress": False, "threads": 0, "concurrency": 32,
+                          **sizes, **overrides})
+
+
+def plan(cfg: Any, seeds: int, names: Sequence[str] = sd.SEAMS) -> list[tuple[str, int, Any]]:
+    """Every run of the benchmark as (seam, seed, config), seed by seed: within a seed the arms
+    share one config, so they differ only in the seam passed to train()."""
+    return [(name, seed, cfg.replace(seed=seed)) for seed in range(seeds) for name in names]
 
 
 # ---- the seams: rowgrove's and each defect's step from rows to loss ------------------------------
@@ -208,13 +241,58 @@ def make_seam(name: str, figures: list[dict[str, Any]] | None = None) -> Any:
 
 def run_seam(cfg: Any, name: str, seed: int, root: Path, figures: list[dict[str, Any]] | None = None
              ) -> list[dict[str, Any]]:
-    """One training run with seam `name`; its metrics, one record per step."""
+    """One training run with seam `name`; its metrics, one record per step (with `eval_reward`
+    at the steps it evaluated; step 0's and the last step's evaluation as `eval_before` on the
+    first record and `eval_after` on the last)."""
     from rowgrove.train.loop import train
     from rowgrove.train.report import read_metrics
 
     out = root / f"{name}-s{seed}"
-    train(cfg.replace(seed=seed, out=str(out)), log=lambda *a: None, seam=make_seam(name, figures))
-    return read_metrics(out)
+    summary = train(cfg.replace(seed=seed, out=str(out)), log=lambda *a: None, seam=make_seam(name, figures))
+    recs = read_metrics(out)
+    if recs and summary is not None:
+        recs[0]["eval_before"], recs[-1]["eval_after"] = summary.eval_before, summary.eval_after
+    return recs
+
+
+def evals_of(recs: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """{step: eval reward} of one run (0: the warmed model; the last step: after GRPO)."""
+    out: dict[int, float] = {}
+    if recs and recs[0].get("eval_before") is not None:
+        out[0] = float(recs[0]["eval_before"])
+    for r in recs:
+        if r.get("eval_reward") is not None:
+            out[int(r["step"])] = float(r["eval_reward"])
+    if recs and recs[-1].get("eval_after") is not None:
+        out[int(recs[-1]["step"])] = float(recs[-1]["eval_after"])
+    return out
+
+
+def _run_in_subprocess(cfg: Any, name: str, seed: int, root: Path, want_figures: bool) -> tuple[list[Any], list[Any]]:
+    """run_seam in a fresh interpreter (the long run's arms run side by side, one torch thread
+    each); (metrics records, figures)."""
+    import subprocess
+
+    spec = root / f"{name}-s{seed}.job.json"
+    result = root / f"{name}-s{seed}.result.json"
+    spec.write_text(json.dumps({"config": cfg.to_dict(), "name": name, "seed": seed, "root": str(root),
+                                "figures": want_figures, "result": str(result)}))
+    proc = subprocess.run([sys.executable, __file__, "--run-one", str(spec)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"seam run {name} seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    data = json.loads(result.read_text())
+    return data["records"], data["figures"]
+
+
+def _run_one(spec_path: Path) -> None:
+    """The subprocess side of _run_in_subprocess."""
+    from rowgrove.train.config import TrainConfig
+
+    spec = json.loads(Path(spec_path).read_text())
+    cfg = TrainConfig(**spec["config"])
+    figures: list[dict[str, Any]] | None = [] if spec["figures"] else None
+    recs = run_seam(cfg, spec["name"], spec["seed"], Path(spec["root"]), figures)
+    Path(spec["result"]).write_text(json.dumps({"records": recs, "figures": figures or []}, default=float))
 
 
 def summarize(figures: dict[str, list[dict[str, Any]]], curves: dict[str, dict[str, list[float]]]
@@ -235,6 +313,45 @@ def summarize(figures: dict[str, list[dict[str, Any]]], curves: dict[str, dict[s
     return out
 
 
+def summarize_evals(evals: dict[str, dict[str, dict[int, float]]], threshold: float = THRESHOLD) -> dict[str, Any]:
+    """The long run's reward figures per arm, from {seam: {seed: {step: eval reward}}}: at every
+    evaluated step the mean and 95% interval over seeds, and the paired gap to rowgrove's (same
+    seeds); the final step's (the headline); the mean of the last 3 evaluations (steadier than
+    one); and the steps each seed took to reach `threshold` (None: not within the run)."""
+    out: dict[str, Any] = {"threshold": threshold}
+    ref = evals.get("rowgrove", {})
+    for name, per_seed in evals.items():
+        steps = sorted({st for e in per_seed.values() for st in e})
+        if not steps:
+            continue
+        last = steps[-1]
+        late = steps[-3:]
+        late_of = {seed: float(np.mean([e[st] for st in late])) for seed, e in per_seed.items()
+                   if all(st in e for st in late)}
+        ref_late = {seed: float(np.mean([e[st] for st in late])) for seed, e in ref.items()
+                    if all(st in e for st in late)}
+        reach = {seed: stats.steps_to(threshold, e) for seed, e in per_seed.items()}
+        reached = [v for v in reach.values() if v is not None]
+        out[name] = {
+            "steps": steps,
+            "by_step": {str(st): stats.mean_ci([e[st] for e in per_seed.values() if st in e]) for st in steps},
+            "gap_by_step": {str(st): stats.paired_gap({k: e[st] for k, e in per_seed.items() if st in e},
+                                                      {k: e[st] for k, e in ref.items() if st in e})
+                            for st in steps},
+            "final_step": last,
+            "final": stats.mean_ci([e[last] for e in per_seed.values() if last in e]),
+            "final_gap": stats.paired_gap({k: e[last] for k, e in per_seed.items() if last in e},
+                                          {k: e[last] for k, e in ref.items() if last in e}),
+            "late_steps": late,
+            "late": stats.mean_ci(list(late_of.values())),
+            "late_gap": stats.paired_gap(late_of, ref_late),
+            "steps_to_threshold": reach,
+            "steps_to_threshold_mean": float(np.mean(reached)) if reached else None,
+            "reached_threshold": f"{len(reached)}/{len(reach)}",
+        }
+    return out
+
+
 def _mean(xs: Sequence[float | None]) -> float | None:
     """Mean of the values that are numbers (a step without any trained rollout has no ratio)."""
     vals = [float(x) for x in xs if x is not None and np.isfinite(x)]
@@ -244,47 +361,90 @@ def _mean(xs: Sequence[float | None]) -> float | None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes, short curves (a smoke check, not a measurement)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per seam (default 2; 1 with --quick)")
+    p.add_argument("--long", action="store_true",
+                   help=f"the committed run: the demo's {LONG['steps']} steps, eval every {LONG['eval_every']} "
+                        f"steps, {LONG_SEEDS} seeds (about an hour on 2 cores); writes bench/results/seam.*")
+    p.add_argument("--seeds", type=int, default=None,
+                   help=f"seeds per seam (default 2; {LONG_SEEDS} with --long; 1 with --quick)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs side by side, each in its own process with one torch thread (default 2 with --long, "
+                        "else 1: in this process)")
     p.add_argument("--out", type=Path, default=None,
-                   help="also write seam.json and seam.html here (a full run always writes them to "
-                        "bench/results; --quick only here, default runs/bench-seam)")
+                   help="also write seam.json and seam.html here (a --long run always writes them to "
+                        "bench/results; the others only here, default runs/bench-seam)")
     p.add_argument("--figures-only", action="store_true", help="only the rowgrove runs and their figures, no curves")
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default 4; 2 with --quick)")
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default 4; 2 with --quick; 14 with --long)")
+    p.add_argument("--run-one", type=Path, default=None, help=argparse.SUPPRESS)  # a --jobs worker
     args = p.parse_args(argv)
-    seeds = args.seeds if args.seeds is not None else (1 if args.quick else 2)
-    if seeds < 1 or (args.steps is not None and args.steps < 1):
-        p.error("--seeds and --steps must be at least 1")
-    if args.out is None and args.quick:
-        args.out = Path("runs/bench-seam")  # a smoke run's page goes beside the demo's runs, never into results
+    if args.run_one is not None:
+        _run_one(args.run_one)
+        return {}
+    if args.quick and args.long:
+        p.error("--quick and --long exclude each other")
+    seeds = args.seeds if args.seeds is not None else (LONG_SEEDS if args.long else 1 if args.quick else 2)
+    jobs = args.jobs if args.jobs is not None else (2 if args.long else 1)
+    if seeds < 1 or jobs < 1 or (args.steps is not None and args.steps < 1):
+        p.error("--seeds, --jobs and --steps must be at least 1")
+    if args.out is None and not args.long:
+        args.out = Path("runs/bench-seam")  # only the long run's page goes into bench/results
     t0 = time.time()
     from rowgrove.train.loop import prepare_model_dir
 
-    cfg = base_config(args.quick, **({"steps": args.steps} if args.steps else {}))
+    cfg = base_config(args.quick, args.long, **({"steps": args.steps} if args.steps else {}))
     # one warm-up for every run: later runs start from its folder and skip their own
     start = prepare_model_dir(cfg.replace(seed=0), log=print)
     cfg = cfg.replace(model=str(start), warmup_sft_steps=0)
+    names = sd.SEAMS[:1] if args.figures_only else sd.SEAMS
     figures: dict[str, list[dict[str, Any]]] = {}
-    curves: dict[str, dict[str, list[float]]] = {name: {} for name in (sd.SEAMS[:1] if args.figures_only else sd.SEAMS)}
+    curves: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    evals: dict[str, dict[str, dict[int, float]]] = {name: {} for name in names}
     with tempfile.TemporaryDirectory(prefix="rowgrove-bench-seam-") as tmp:
-        for seed in range(seeds):
-            for name in curves:
-                t = time.time()
-                figs = figures.setdefault(str(seed), []) if name == "rowgrove" else None
-                recs = run_seam(cfg, name, seed, Path(tmp), figs)
-                curves[name][str(seed)] = [r["reward_mean"] for r in recs]
-                print(f"seed {seed} {name:17s} reward per step {' '.join(f'{x:.3f}' for x in curves[name][str(seed)])}"
-                      f"  ({time.time() - t:.0f}s)", flush=True)
+
+        def one(job: tuple[str, int, Any]) -> None:
+            name, seed, run_cfg = job
+            t = time.time()
+            want = name == "rowgrove"
+            if jobs == 1:
+                figs: list[dict[str, Any]] | None = [] if want else None
+                recs = run_seam(run_cfg, name, seed, Path(tmp), figs)
+            else:
+                recs, figs = _run_in_subprocess(run_cfg, name, seed, Path(tmp), want)
+            if want:
+                figures[str(seed)] = list(figs or [])
+            curves[name][str(seed)] = [r["reward_mean"] for r in recs]
+            evals[name][str(seed)] = evals_of(recs)
+            ev = "  eval " + " ".join(f"{k}:{v:.3f}" for k, v in evals[name][str(seed)].items()) if evals[name][str(seed)] else ""
+            print(f"seed {seed} {name:17s} reward per step {' '.join(f'{x:.3f}' for x in curves[name][str(seed)])}"
+                  f"{ev}  ({time.time() - t:.0f}s)", flush=True)
+
+        runs = plan(cfg, seeds, names)
+        if jobs == 1:
+            for job in runs:
+                one(job)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                for f in [pool.submit(one, job) for job in runs]:
+                    f.result()
     seconds = time.time() - t0
+    curves = {name: dict(sorted(c.items(), key=lambda kv: int(kv[0]))) for name, c in curves.items()}
+    evals = {name: dict(sorted(e.items(), key=lambda kv: int(kv[0]))) for name, e in evals.items()}
+    figures = dict(sorted(figures.items(), key=lambda kv: int(kv[0])))
     result = {
         "benchmark": "seam: what each known seam defect costs, on the same rollouts as rowgrove's seam",
         "command": "rowgrove bench seam " + " ".join(shlex.quote(a) for a in (argv or [])),
-        "quick": args.quick, "seeds": seeds, "seconds": seconds,
+        "quick": args.quick, "long": args.long, "seeds": seeds, "jobs": jobs, "seconds": seconds,
         "config": {k: v for k, v in cfg.to_dict().items() if k not in ("out", "model")},
         "model": "tiny-task after the demo's warm-up (seed 0), shared by every run",
         "defects": sd.DEFECTS,
         "figures": figures, "curves": curves, "summary": summarize(figures, curves),
     }
-    if not args.quick:
+    if any(evals[name] and any(evals[name].values()) for name in evals):
+        result["evals"] = {name: {seed: {str(k): v for k, v in e.items()} for seed, e in per.items()}
+                           for name, per in evals.items()}
+        result["reward"] = summarize_evals(evals)
+    if args.long:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "seam.json").write_text(json.dumps(result, indent=1) + "\n")
         write_page(result, RESULTS / "seam.html")

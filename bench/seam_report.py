@@ -157,6 +157,68 @@ def figures_html(result: Mapping[str, Any]) -> list[tuple[str, str, str, list[tu
                 "starts from the same warmed model and samples step 1 with the same seeds, so step 1 is the same "
                 "rollouts in every run; later steps differ only through the seam.",
                 series, ("step", "reward (mean over rollouts)"), bands))
+    reward = result.get("reward")
+    if reward:
+        series, bands = [], {}
+        gseries, gbands = [], {}
+        for name in curves:
+            r = reward.get(name)
+            if not r:
+                continue
+            xs = [int(st) for st in r["steps"]]
+            by = [r["by_step"][str(st)] for st in xs]
+            series.append((name, xs, [b["mean"] for b in by], None))
+            if all(b["lo"] is not None for b in by):
+                bands[name] = ([b["lo"] for b in by], [b["hi"] for b in by])
+            gap = [r["gap_by_step"][str(st)] for st in xs]
+            gseries.append((name, xs, [g["mean"] for g in gap], None))
+            if name != "rowgrove" and all(g["lo"] is not None for g in gap):
+                gbands[name] = ([g["lo"] for g in gap], [g["hi"] for g in gap])
+        n = result["seeds"]
+        out.append(("eval-curves", "Eval reward by step, each defect switched on alone", f"Mean reward on the "
+                    f"held-out eval prompts (one rollout each, the same prompts and sampling seeds at every "
+                    f"evaluation and in every arm), over {n} seeds; band: the 95% interval of the mean (Student's t "
+                    "over seeds). Step 0 is the warmed model, the same in every arm.",
+                    series, ("step", "eval reward"), bands))
+        out.append(("eval-gaps", "Eval reward minus rowgrove's, seed by seed", f"Per step: the arm's eval reward "
+                    f"minus rowgrove's on the same seed, averaged over {n} seeds; band: the 95% interval of that "
+                    "paired difference. Where a band holds 0 the run measured no difference at that step.",
+                    gseries, ("step", "eval reward - rowgrove's"), gbands))
+    return out
+
+
+def _ci(c: Mapping[str, Any] | None, signed: bool = False) -> str:
+    """'0.612 [0.590, 0.634]' (or '+0.012 [...]' with `signed`); '–' without a value."""
+    if not c or c.get("mean") is None:
+        return "–"
+    f = "{:+.3f}" if signed else "{:.3f}"
+    if c.get("lo") is None:
+        return f.format(c["mean"])
+    return f"{f.format(c['mean'])} [{f.format(c['lo'])}, {f.format(c['hi'])}]"
+
+
+def verdicts(result: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(defect, one plain sentence on its cost in final eval reward), for the long run's page."""
+    reward = result.get("reward") or {}
+    out = []
+    for name in result["defects"]:
+        r = reward.get(name)
+        if not r:
+            continue
+        g, step = r["final_gap"], r["final_step"]
+        if g.get("lo") is None:
+            text = f"eval reward at step {step} differs from rowgrove's by {_ci(g, True)} (one seed: no interval)."
+        elif g["verdict"] == "lower":
+            text = (f"costs reward: at step {step} its eval reward is {_ci(g, True)} against rowgrove's "
+                    f"(95% interval over {g['n']} seeds, below 0).")
+        elif g["verdict"] == "higher":
+            text = (f"scores higher than rowgrove's seam on this task: {_ci(g, True)} at step {step} "
+                    f"(95% interval over {g['n']} seeds, above 0).")
+        else:
+            text = (f"no cost in reward measured on this task: {_ci(g, True)} at step {step}; the 95% "
+                    f"interval over {g['n']} seeds holds 0, so any cost is smaller than "
+                    f"{max(abs(g['lo']), abs(g['hi'])):.3f}.")
+        out.append((name, text))
     return out
 
 
@@ -169,7 +231,14 @@ def _table(result: Mapping[str, Any]) -> str:
             ("logprob_gap_per_changed_span", "logprob gap / changed span (nats)", "{:.2f}"),
             ("reward_last_step", "reward, last step", "{:.3f}"),
             ("reward_mean_last_3_steps", "reward, mean of the last 3 steps", "{:.3f}")]
-    head = "".join(f"<th>{html.escape(c)}</th>" for _, c, _ in cols)
+    reward = result.get("reward") or {}
+    extra = []
+    if reward:
+        any_arm = next(iter(v for k, v in reward.items() if isinstance(v, dict)), {})
+        step = any_arm.get("final_step")
+        extra = [f"eval reward, step {step} (95% CI)", f"minus rowgrove's, paired (95% CI)",
+                 f"steps to eval {reward['threshold']:.2f} (seeds that reached it)"]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in [*(c for _, c, _ in cols), *extra])
     body = []
     for name in ["rowgrove", *result["defects"]]:
         row = s.get(name, {})
@@ -179,8 +248,23 @@ def _table(result: Mapping[str, Any]) -> str:
         for k, _, fmt in cols:
             v = row.get(k, ref.get(k))
             cells.append(f"<td>{fmt.format(v) if isinstance(v, (int, float)) else '–'}</td>")
+        if reward:
+            r = reward.get(name) or {}
+            reach = r.get("steps_to_threshold_mean")
+            cells += [f"<td>{_ci(r.get('final'))}</td>",
+                      f"<td>{'0 (the reference)' if name == 'rowgrove' else _ci(r.get('final_gap'), True)}</td>",
+                      f"<td>{f'{reach:.1f}' if reach is not None else 'not reached'} "
+                      f"({html.escape(str(r.get('reached_threshold', '–')))})</td>"]
         body.append(f'<tr><th><span class="swatch" style="background:{COLORS[name]}"></span>{name}</th>{"".join(cells)}</tr>')
     return f"<table><tr><th>seam</th>{head}</tr>{''.join(body)}</table>"
+
+
+def _verdicts_html(result: Mapping[str, Any]) -> str:
+    items = verdicts(result)
+    if not items:
+        return ""
+    lis = "".join(f'<li data-verdict="{html.escape(n)}"><b>{html.escape(n)}</b>: {html.escape(t)}</li>' for n, t in items)
+    return f"<h2>What each defect cost in reward</h2><ul>{lis}</ul>"
 
 
 def write_page(result: Mapping[str, Any], path: str | Path) -> Path:
@@ -209,6 +293,7 @@ same captured rows, each defect is switched on alone and compared with rowgrove'
 runs once per defect for the learning curves. Run time {result['seconds']:.0f} s
 (<code>{html.escape(result['command'])}</code>). {html.escape(result.get('model', ''))}.</p>
 <h2>Headline (figures: means over steps and seeds; rewards: means over seeds)</h2>{_table(result)}
+{_verdicts_html(result)}
 <h2>Figures</h2>{''.join(parts)}
 <h2>Config</h2><pre>{cfg}</pre>
 </body></html>

@@ -5,6 +5,7 @@
     rowgrove bench --quick         # smaller sizes, for a smoke check: no results file is written
     rowgrove bench --only train    # one of them
     rowgrove bench seam --seeds 2 --out runs/seam   # one by name; --seeds / --out go to it
+    rowgrove bench seam --long                      # its long run (--long / --jobs go to one named)
 
 Goals: a benchmark's result may hold `"goals": {"name": {"value": x, "goal": "<= 1 ms", "met": bool}}`
 (and, older style, keys ending in `_goal_met` holding a bool); each is printed `MET` or `MISSED`,
@@ -38,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", type=Path, default=None, help="benchmark directory (default: ./bench)")
     p.add_argument("--seeds", type=int, default=None, help="seeds, for a benchmark that takes them (one named)")
     p.add_argument("--out", type=Path, default=None, help="output directory, for a benchmark that takes one (one named)")
+    p.add_argument("--long", action="store_true",
+                   help="the long run, for a benchmark that has one (one named), e.g. rowgrove bench seam --long")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs side by side, for a benchmark that takes it (one named)")
 
 
 def _ratios(result: object, prefix: str = "") -> list[str]:
@@ -100,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     known = [f.stem.removeprefix("bench_") for f in files]
     names = [*(args.only or []), *args.names]
     passed = [*(["--seeds", str(args.seeds)] if args.seeds is not None else []),
-              *(["--out", str(args.out)] if args.out is not None else [])]
+              *(["--out", str(args.out)] if args.out is not None else []),
+              *(["--long"] if args.long else []),
+              *(["--jobs", str(args.jobs)] if args.jobs is not None else [])]
     if passed and len(names) != 1:
         raise InputError(f"{' and '.join(a for a in passed if a.startswith('--'))} go to one benchmark: "
                          "name it, e.g. rowgrove bench seam --seeds 2")

@@ -100,6 +100,10 @@ class TrainConfig:
     """Transcripts per supervised warm-up step."""
     eval_prompts: int = 32
     """Prompts evaluated (one rollout each) before GRPO and after it; 0 skips evaluation."""
+    eval_every: int = 0
+    """Also evaluate after every K-th step (the same prompts and sampling seeds each time, so the
+    curve moves only with the policy); recorded as `eval_reward` in that step's metrics. 0: only
+    before and after."""
     checkpoint_every: int = 5
     """Save a checkpoint every K steps (and after the last step); 0 saves only at the end."""
     seed: int = 0
@@ -130,7 +134,8 @@ class TrainConfig:
                      "microbatch_tokens", "max_tokens", "concurrency", "gateways"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} (must be >= 1)")
-        for name in ("steps", "warmup_sft_steps", "checkpoint_every", "eval_prompts", "lr_warmup_steps"):
+        for name in ("steps", "warmup_sft_steps", "checkpoint_every", "eval_prompts", "eval_every",
+                     "lr_warmup_steps"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} (must be >= 0)")
         if not 0 <= self.lr_decay_to <= 1:

@@ -412,6 +412,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
                             weight_fn=weight_fn, vision_inputs=vision)
             model.eval()
             extra["weights_version"] = rollouts.sync(model.state_dict(), model)
+            eval_rec = {}
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                # before the next step's rollouts start, so the evaluation has the engine alone
+                eval_rec = {"eval_reward": evaluate(f"eval-s{step}")}
             if pending is None:
                 pending = launch(step + 1)
             t2 = time.time()
@@ -428,7 +432,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, log: Any = print,
                 "clip_fraction": stats["clip_fraction"], "approx_kl": stats["approx_kl"],
                 "entropy": stats["entropy"], "ref_kl": stats["ref_kl"], "updates": int(stats["updates"]),
                 "lr": float(scheduler.get_last_lr()[0]), "rollout_time": t1 - t0, "train_time": t2 - t1,
-                "step_time": t2 - t0, "weights_version": int(rollouts.weights_version), **stale_rec, **seam_rec,
+                "step_time": t2 - t0, "weights_version": int(rollouts.weights_version), **eval_rec, **stale_rec, **seam_rec,
             }
             append_metrics(run_dir, rec)
             last_built = [(r, b) for r, b in zip(results, built, strict=True)]

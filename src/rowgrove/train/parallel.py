@@ -178,6 +178,9 @@ def _worker(rank: int, fn: Callable[..., Any], nproc: int, init_file: str, devic
     dist.init_process_group(backend_for(device), init_method=f"file://{init_file}", rank=rank, world_size=nproc)
     try:
         fn(*args)
+        # every rank finished before any tears the group down: a rank leaving early made rank 0
+        # abort in teardown ("terminate called without an active exception") after its work was saved
+        dist.barrier()
     except RowgroveError as e:  # one line, as the CLI prints it; the parent exits 2
         print(f"rowgrove (rank {rank}): {e}", file=sys.stderr)
         sys.exit(2)
