@@ -561,7 +561,11 @@ def test_pause_mode_abort_fails_the_request_in_flight(server, tmp_path):
     rid = "pause-abort"
 
     async def main():
-        task = asyncio.create_task(engine.generate(PROMPT, SamplingParams(max_tokens=40), hints={"call_id": rid}))
+        # greedy: the tiny model writes all 200 tokens without an end of turn (a sampled request
+        # could end within the few pieces before the pause lands, and then nothing is aborted);
+        # at 0.1 s a piece the request lasts up to 20 s, so a slow weight load still finds it running
+        params = SamplingParams(max_tokens=200, temperature=0.0)
+        task = asyncio.create_task(engine.generate(PROMPT, params, hints={"call_id": rid}))
         assert await await_for(lambda: (e := entry(server, rid)) and e["token_ids"])
         await asyncio.to_thread(engine.update_weights, str(model_dir("tiny")))
         with pytest.raises(EngineError, match="aborted request pause-abort"):
