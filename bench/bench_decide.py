@@ -98,7 +98,7 @@ def _no_memo_index() -> Any:
     class NoMemo(D.RolloutIndex):
         """The naive baseline: every message of every request validated and hashed again."""
 
-        def chain(self, messages: Any, h0: bytes) -> list[bytes]:
+        def chain(self, messages: Any, h0: bytes, *_images: Any) -> list[bytes]:
             D.validate_messages(messages)
             return chain_hashes(messages, h0)
 

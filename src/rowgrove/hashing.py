@@ -51,17 +51,31 @@ def _media_digest(url: str) -> str:
     """An inline image (or one the ledger stores, `rowgrove-media:`) is identified by its decoded
     pixels (`rowgrove.media`), so a re-encoded image hashes the same; other inline media by its
     decoded bytes, remote media by its URL. Never raises: a payload that does not decode (refused
-    at the gateway, but a record may hold one) is identified by its text."""
+    at the gateway, but a record may hold one) is identified by its text. For a record's messages
+    (reassembly); a gateway request's images come resolved from its edge (`pixels` below)."""
     from rowgrove.media import digest_of_url
 
     pixels = digest_of_url(url)
-    if pixels is not None:
-        return pixels
+    return pixels if pixels is not None else _url_identity(url)
+
+
+def _url_identity(url: str) -> str:
+    """A media URL that names no pixels: its decoded bytes' digest (`data:`), else the URL."""
     try:
         raw = _decode_data_url(url)
     except (binascii.Error, ValueError):
         raw = url.encode("utf-8", "surrogatepass")
     return url if raw is None else "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+class _Blind:
+    """A `pixels` map that names every image part alike (the image-blind hash)."""
+
+    def get(self, k: int, default: Any = None) -> str:
+        return ""
+
+
+_BLIND: Any = _Blind()
 
 
 def _part_url(part: Mapping[str, Any]) -> Any:
@@ -94,7 +108,7 @@ def media_part_problem(part: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _canonical_part(part: Any) -> Any:
+def _canonical_part(part: Any, k: int, pixels: Mapping[int, str | None] | None) -> Any:
     if not isinstance(part, Mapping):
         raise BadRequest("content parts must be objects with a 'type'", param="messages")
     kind = part.get("type")
@@ -102,7 +116,11 @@ def _canonical_part(part: Any) -> Any:
         return {"type": "text", "text": part.get("text", "")}
     if kind in ("image_url", "input_image"):
         url = _part_url(part)
-        return {"type": "image", "media": _media_digest(url if isinstance(url, str) else str(url))}
+        url = url if isinstance(url, str) else str(url)
+        if pixels is None:
+            return {"type": "image", "media": _media_digest(url)}
+        digest = pixels.get(k)
+        return {"type": "image", "media": digest if digest is not None else _url_identity(url)}
     if kind == "input_audio":
         audio = part.get("input_audio") or {}
         data = audio.get("data", "") if isinstance(audio, Mapping) else ""
@@ -121,8 +139,11 @@ def _canonical_arguments(arguments: Any) -> Any:
     return {"json": arguments}
 
 
-def canonical_message(msg: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a chat message that decide what a template renders, SDK noise removed."""
+def canonical_message(msg: Mapping[str, Any], pixels: Mapping[int, str | None] | None = None) -> dict[str, Any]:
+    """The fields of a chat message that decide what a template renders, SDK noise removed.
+    `pixels`: part index -> the pixel digest of that image part as the gateway's edge resolved it
+    (`RequestImages.by_message`; a part it names no digest for is identified by its bytes or URL);
+    None: each image URL is read for its pixels here (a record's messages)."""
     if not isinstance(msg, Mapping):
         raise BadRequest("each message must be a JSON object", param="messages")
     role = msg.get("role")
@@ -136,7 +157,7 @@ def canonical_message(msg: Mapping[str, Any]) -> dict[str, Any]:
             and content[0].get("type") == "text" and isinstance(content[0].get("text"), str):
         content = content[0]["text"]  # one text part renders as its string for every template
     if isinstance(content, list):
-        out["content"] = [_canonical_part(p) for p in content]
+        out["content"] = [_canonical_part(p, k, pixels) for k, p in enumerate(content)]
     elif content is not None and not isinstance(content, str):
         raise BadRequest(f"{role} message content must be a string or a list of parts", param="messages")
     elif role != "assistant" or content:
@@ -159,9 +180,10 @@ def canonical_message(msg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def message_hash(msg: Mapping[str, Any]) -> bytes:
-    """H(canonical(msg)): equal for messages a template must render alike."""
-    return _h(orjson.dumps(canonical_message(msg), option=_ORJSON))
+def message_hash(msg: Mapping[str, Any], pixels: Mapping[int, str | None] | None = None) -> bytes:
+    """H(canonical(msg)): equal for messages a template must render alike (`pixels`: see
+    `canonical_message`)."""
+    return _h(orjson.dumps(canonical_message(msg, pixels), option=_ORJSON))
 
 
 def chain_start(tools: Sequence[Any] | None = None, options: Mapping[str, Any] | None = None) -> bytes:
@@ -179,8 +201,8 @@ def chain_step(prev: bytes, msg_digest: bytes) -> bytes:
 
 def blind_message_hash(msg: Mapping[str, Any]) -> bytes:
     """The message's hash with each image part counted without its pixels (the kept-image check's
-    evidence, docs/images.md)."""
-    c = canonical_message(msg)
+    evidence, docs/images.md); no image is read."""
+    c = canonical_message(msg, _BLIND)
     content = c.get("content")
     if isinstance(content, list):
         c["content"] = [{"type": "image"} if isinstance(p, dict) and p.get("type") == "image" else p for p in content]

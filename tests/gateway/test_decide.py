@@ -557,3 +557,27 @@ def test_response_message_from_parsed():
     relabeled = response_message(ParsedMessage(content="ok", tool_calls=[tc]), "chatcmpl-1")
     assert relabeled["tool_calls"][0]["id"].startswith("call_") and relabeled["tool_calls"][0]["id"] != "call_x"
     assert tc["id"] == "call_x"  # the parsed message is not mutated
+
+
+def test_a_requests_images_are_hashed_by_the_digests_its_edge_resolved_never_read_again(monkeypatch):
+    """decide's chain (and the kept-image check's blind hash) take each image part's pixel digest
+    from the request's RequestImages: rowgrove.media is never asked, and the hash is the one a
+    record's message gets when its URL names those pixels (reassembly matches it)."""
+    import rowgrove.media as media
+    from rowgrove.gateway.core.decide import RolloutIndex
+    from rowgrove.gateway.core.messages import RequestImages
+    from rowgrove.hashing import blind_message_hash, chain_hashes, chain_start
+
+    def refuse(*a, **k):
+        raise AssertionError("media read during hashing")
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}]
+    stored = [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                           {"type": "image_url", "image_url": {"url": "rowgrove-media:sha256:abc"}}]}]
+    h0 = chain_start(None, None)
+    want, want_blind = chain_hashes(stored, h0), blind_message_hash(stored[0])  # a record's message
+    monkeypatch.setattr(media, "digest_of_url", refuse)
+    monkeypatch.setattr(media, "load_url", refuse)
+    assert RolloutIndex().chain(msgs, h0, RequestImages([], {(0, 1): "sha256:abc"})) == want
+    assert blind_message_hash(msgs[0]) == want_blind

@@ -245,3 +245,24 @@ def test_minijinja_path_that_disagrees_once_is_never_used(renderers):
     want = _apply(r.tokenizer, msgs)
     assert r.render_text(msgs) == want and r.render_text(msgs) == want
     assert list(r._fast_verified.values()) == [False] and len(calls) == 1
+
+
+@pytest.mark.parametrize("name", ["chatml", "qwen3", "llama3"])
+def test_a_large_root_is_tokenized_piece_by_piece_as_the_whole_text(tokenizers, name):
+    """`encode_prompt` on a prompt large enough to go as one threaded batch (encode_batch_fast,
+    no offsets), then small and repeated ones: always the ids of tokenizing the whole text."""
+    from rowgrove.gateway.core import render
+
+    r = Renderer(tokenizers[name])
+    msgs = [{"role": "system", "content": "You are terse. ü 日本 <b>&amp;</b>"}]
+    for k in range(300):
+        msgs += [{"role": "user", "content": f"line {k}\n  indented\tand 'quoted' \"text\" {k * 7}"},
+                 {"role": "assistant", "content": f"answer {k}: done.\n\n"}]
+    text = r.render_text(msgs)
+    assert len(text) > render._BATCH_CHARS
+    want = r.encode(text)
+    assert r.encode_prompt(text) == want  # cold: the batch path
+    assert r._pieces_ok is True
+    assert r.encode_prompt(text) == want  # every piece known
+    small = r.render_text(msgs[:3])
+    assert r.encode_prompt(small) == r.encode(small)

@@ -133,6 +133,9 @@ def summary_hashes(decision: Decision, response: Mapping[str, Any]) -> tuple[str
     return chain_step(decision.chain[-1], digest).hex(), digest.hex()
 
 
+
+_NO_PIXELS: Mapping[int, str | None] = {}  # a message without resolved images: none of its parts names pixels
+
 class _Node:
     """One completed call in the index: its parent node, what it added (int32), total length."""
 
@@ -388,9 +391,10 @@ class RolloutIndex:
 
     # -- hashing --------------------------------------------------------------------------------
 
-    def chain(self, messages: Sequence[Any], h0: bytes) -> list[bytes]:
+    def chain(self, messages: Sequence[Any], h0: bytes, images: RequestImages = NO_IMAGES) -> list[bytes]:
         """[h_1, ..., h_n] for `messages` after `h0`, validating each message (BadRequest as
-        `validate_messages` raises) unless this rollout already saw the same raw prefix.
+        `validate_messages` raises) unless this rollout already saw the same raw prefix. An image
+        part is hashed by the pixel digest the edge resolved for it (`images`), never read here.
 
         Two memos, both keyed by exact raw JSON bytes (tool-call ids included), so a hit means the
         messages were hashed and validated before in the very same context:
@@ -425,7 +429,7 @@ class RolloutIndex:
             hit = memo.get(key) if key is not None else None
             if hit is None:
                 _check_message(messages, i)
-                h = chain_step(h, message_hash(m))
+                h = chain_step(h, message_hash(m, images.by_message.get(i, _NO_PIXELS)))
                 state = next(self._states)
                 if key is not None:
                     memo[key] = (h, state)
@@ -481,7 +485,7 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
     check_request(messages, tools, options)
     h0 = chain_start(tools, options)
     index.last_states = []
-    chain = index.chain(messages, h0)
+    chain = index.chain(messages, h0, images)
     states = index.last_states if len(index.last_states) == len(messages) else [object()] * len(messages)
     request_hash = chain[-1].hex()
     prepared = index.prepared(messages, renderer, images) if renderer.fast is not None else None
