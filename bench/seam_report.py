@@ -216,8 +216,7 @@ def verdicts(result: Mapping[str, Any]) -> list[tuple[str, str]]:
                     f"(95% interval over {g['n']} seeds, above 0).")
         else:
             text = (f"no cost in reward measured on this task: {_ci(g, True)} at step {step}; the 95% "
-                    f"interval over {g['n']} seeds holds 0, so any cost is smaller than "
-                    f"{max(abs(g['lo']), abs(g['hi'])):.3f}.")
+                    f"interval over {g['n']} seeds holds 0 and rules out a cost larger than {-g['lo']:.3f}.")
         out.append((name, text))
     return out
 
@@ -259,6 +258,20 @@ def _table(result: Mapping[str, Any]) -> str:
     return f"<table><tr><th>seam</th>{head}</tr>{''.join(body)}</table>"
 
 
+def _design_html(result: Mapping[str, Any]) -> str:
+    """What the long run measured reward on: sizes, evaluations, seeds, the threshold."""
+    reward, c = result.get("reward"), result.get("config", {})
+    if not reward:
+        return ""
+    return (f"<p>Reward: every arm trains {c.get('steps')} steps of {c.get('prompts_per_step')} prompts x "
+            f"{c.get('rollouts_per_prompt')} rollouts and is evaluated after the warm-up (step 0) and every "
+            f"{c.get('eval_every')} steps on {c.get('eval_prompts')} held-out prompts, one rollout each, the same "
+            f"prompts and sampling seeds in every arm of a seed. Intervals are 95% Student's t over "
+            f"{result['seeds']} seeds; a gap is the arm's eval reward minus rowgrove's on the same seed, so what "
+            f"the seeds share (their prompts, the step-1 rollouts) cancels. Steps to reach: the first evaluation "
+            f"at or above {reward['threshold']:.2f}, averaged over the seeds that reached it.</p>")
+
+
 def _verdicts_html(result: Mapping[str, Any]) -> str:
     items = verdicts(result)
     if not items:
@@ -292,7 +305,7 @@ pre {{ background: #f6f6f6; padding: 8px; font-size: 12px; }}
 same captured rows, each defect is switched on alone and compared with rowgrove's seam; then the trainer
 runs once per defect for the learning curves. Run time {result['seconds']:.0f} s
 (<code>{html.escape(result['command'])}</code>). {html.escape(result.get('model', ''))}.</p>
-<h2>Headline (figures: means over steps and seeds; rewards: means over seeds)</h2>{_table(result)}
+{_design_html(result)}<h2>Headline (figures: means over steps and seeds; rewards: means over seeds)</h2>{_table(result)}
 {_verdicts_html(result)}
 <h2>Figures</h2>{''.join(parts)}
 <h2>Config</h2><pre>{cfg}</pre>

@@ -99,7 +99,8 @@ def test_the_long_page_has_eval_curves_with_bands_and_a_plain_verdict_per_defect
     said = dict(verdicts(result))
     assert said["rejected_trained"].startswith("costs reward: at step 4 its eval reward is -0.100 [")
     assert said["row_divisor"].startswith("no cost in reward measured on this task: ")
-    assert "holds 0" in said["row_divisor"]
+    # +0.01, -0.01, 0: mean 0, sd 0.01, half 0.024843: a cost above 0.025 is ruled out
+    assert said["row_divisor"].endswith("holds 0 and rules out a cost larger than 0.025.")
     text = " ".join(page.text.split())
     assert "What each defect cost in reward" in text and "steps to eval 0.60" in text
     assert "not reached (0/3)" in text and "4.0 (3/3)" in text
