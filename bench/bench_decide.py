@@ -15,7 +15,9 @@ rendering the system prompt and tools, which continuations never do.
 Each repetition is a new conversation to the renderer: its cache of tokenized text pieces is
 emptied first (a rollout's first call meets text it has not seen). The root render of the last
 request is reported cold (pieces not yet tokenized) and again (the same request rendered whole a
-second time, e.g. a rollout that restarts from the same history: every piece seen).
+second time, e.g. a rollout that restarts from the same history: every piece seen), medians of
+five, in wall time and, for the cold one, also in CPU time (all threads: the tokenizer tokenizes a
+large prompt's pieces as one threaded batch).
 
 `--before PATH` also runs this benchmark, in a subprocess, against the source tree at PATH (e.g.
 `git worktree add /tmp/rowgrove-before <commit>`), alternating with this tree, and prints the two
@@ -154,17 +156,20 @@ def measure(args: argparse.Namespace) -> dict:
         "ratio_call_200_vs_call_2": round(late_us / second_us, 3),
         "ratio_no_memo_call_200_vs_call_1": round(late_nomemo_us / first_us, 3),
     }
-    roots_cold, roots_again = [], []
-    for _ in range(3):
+    roots_cold, roots_again, cpu_cold = [], [], []
+    for _ in range(5):
         _forget_pieces(renderer)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         renderer.render_root(msgs[:n_msgs], TOOLS)
-        t1 = time.perf_counter()
+        c1, t1 = time.process_time(), time.perf_counter()
         renderer.render_root(msgs[:n_msgs], TOOLS)
         roots_cold.append(t1 - t0)
+        cpu_cold.append(c1 - c0)
         roots_again.append(time.perf_counter() - t1)
     result["root_render_us_last_request_cold"] = round(statistics.median(roots_cold) * 1e6, 1)
     result["root_render_us_last_request_again"] = round(statistics.median(roots_again) * 1e6, 1)
+    # CPU time of the cold render, all the process's threads together (the tokenizer's batch is threaded)
+    result["root_render_cpu_us_last_request_cold"] = round(statistics.median(cpu_cold) * 1e6, 1)
     fast = getattr(renderer, "fast", None)
     result["fast_path"] = None if fast is None else "minijinja window"
     return result

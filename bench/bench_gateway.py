@@ -469,7 +469,7 @@ def parse_cost(before_src: str, turns: tuple[int, ...], number: int) -> dict[str
     return out
 
 
-def before_after(tree: str, quick: bool) -> dict[str, Any]:
+def before_after(tree: str, quick: bool, out: str | None = None) -> dict[str, Any]:
     """`--before TREE`: the gateway of TREE and of this tree, alternating (module docstring)."""
     src = str(Path(tree).resolve() / "src")
     if not (Path(src) / "rowgrove" / "gateway" / "app.py").is_file():
@@ -524,7 +524,7 @@ def before_after(tree: str, quick: bool) -> dict[str, Any]:
     results["quick"] = quick
     print(json.dumps(results, indent=1))
     if not quick:
-        path = RESULTS.parent / "gateway_before_after.json"
+        path = Path(out) if out else RESULTS.parent / "gateway_before_after.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=1) + "\n")
     return results
@@ -572,6 +572,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "Responses and Messages on this one")
     p.add_argument("--before", metavar="TREE",
                    help="only the per-call cost: the gateway of source tree TREE against this one, alternating")
+    p.add_argument("--out", metavar="FILE", help="with --before: where the figures go "
+                   "(default bench/results/gateway_before_after.json)")
     p.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "LEDGER"), help=argparse.SUPPRESS)
     p.add_argument("--probe-parse", nargs=2, type=int, metavar=("TURNS", "NUMBER"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -584,7 +586,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.dialects_before:
         return dialects_main(args.dialects_before, args.quick)
     if args.before:
-        return before_after(args.before, args.quick)
+        return before_after(args.before, args.quick, args.out)
     q = args.quick
     with tempfile.TemporaryDirectory(prefix="rowgrove-bench-gw-") as tmp:
         results = {

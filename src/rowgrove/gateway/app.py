@@ -196,7 +196,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         metadata = body.get("metadata")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("'metadata' must be a JSON object", param="metadata")
-        ro = gw.create_rollout(group_id, metadata)
+        ro = await gw.acreate_rollout(group_id, metadata)
         return json_response({"rollout_id": ro.id, "group_id": ro.group_id,
                               "base_url": f"{public_base(request)}/rollouts/{ro.id}/v1", "api_key": ro.api_key}, 201)
 

@@ -155,10 +155,21 @@ class Gateway:
 
     def create_rollout(self, group_id: str, metadata: Mapping[str, Any] | None) -> Rollout:
         """A new rollout; Unavailable (503) while the server is shutting down."""
+        self._check_open()
+        return self._opened(self.ledger.create_rollout(group_id, dict(metadata or {})))
+
+    async def acreate_rollout(self, group_id: str, metadata: Mapping[str, Any] | None) -> Rollout:
+        """`create_rollout` in the ledger's group commit (what the HTTP route calls): committed,
+        with this loop turn's calls, before it is returned."""
+        self._check_open()
+        return self._opened(await self.ledger.acreate_rollout(group_id, dict(metadata or {})))
+
+    def _check_open(self) -> None:
         if self.closing:
             raise Unavailable("the gateway is shutting down: create the rollout on a running server",
                               self.settings.retry_after)
-        ro = self.ledger.create_rollout(group_id, dict(metadata or {}))
+
+    def _opened(self, ro: Rollout) -> Rollout:
         self.sessions[ro.id] = RolloutSession(ro.id, ro.group_id, ro.api_key, finished=False)
         return ro
 

@@ -10,12 +10,14 @@ the gateway answers the harness only after the completion is committed, and move
 to aborted when its response did not reach the client in full (`mark_undelivered`). Nothing is
 deleted. `durability` chooses SQLite's `synchronous` (see `_synchronous`).
 
-Group commit. The gateway writes calls with `abegin_call` / `acomplete_call`: each statement joins
-the one open transaction, opened by the first of them and committed once after the event loop's
-next turn, so the writes of two turns share it; each caller resumes only after that commit. Concurrent calls thus share a commit (at 32
-concurrent rollouts, one commit serves several calls) while every caller keeps the guarantee it had
-with a commit of its own: a pending row is on the WAL before the engine is asked, a completion
-before the harness is answered. Every other write first commits the open group.
+Group commit. The gateway writes calls with `abegin_call` / `acomplete_call`, and new rollouts
+with `acreate_rollout`: each statement joins the one open transaction, opened by the first of them
+and committed once after the event loop's next turn, so the writes of two turns share it; each
+caller resumes only after that commit. Concurrent calls thus share a commit (at 32 concurrent
+rollouts, one commit serves several calls) while every caller keeps the guarantee it had with a
+commit of its own: a pending row is on the WAL before the engine is asked, a completion before
+the harness is answered, a rollout before its key is handed out. Every other write first commits
+the open group.
 """
 
 from __future__ import annotations
@@ -170,6 +172,9 @@ def _check_versions(call_id: str, sampled_ids: Sequence[int] | np.ndarray,
     """The packed versions, or None; InputError unless there is one version >= 0 per sampled id."""
     if weight_versions is None:
         return None
+    if type(weight_versions) is list and len(weight_versions) == len(sampled_ids) \
+            and all(type(v) is int and 0 <= v <= 2**31 - 1 for v in weight_versions):
+        return pack_ids(weight_versions)  # the gateway's usual case, without numpy's per-array cost
     vs = np.asarray(weight_versions)
     if vs.ndim != 1 or len(vs) != len(sampled_ids):
         raise InputError(
@@ -399,6 +404,25 @@ class Ledger:
         api_key: str | None = None,
     ) -> Rollout:
         """A new open rollout with its own id and API key."""
+        return self._create_rollout(group_id, metadata, rollout_id, api_key, grouped=False)[0]
+
+    async def acreate_rollout(
+        self,
+        group_id: str | None,
+        metadata: dict[str, Any] | None = None,
+        *,
+        rollout_id: str | None = None,
+        api_key: str | None = None,
+    ) -> Rollout:
+        """`create_rollout` in the group commit (module docstring): returns once the rollout is
+        committed, its insert sharing the transaction of this loop turn's calls."""
+        ro, fut = self._create_rollout(group_id, metadata, rollout_id, api_key, grouped=True)
+        assert fut is not None
+        await self._await_group(fut)
+        return ro
+
+    def _create_rollout(self, group_id: str | None, metadata: dict[str, Any] | None, rollout_id: str | None,
+                        api_key: str | None, *, grouped: bool) -> tuple[Rollout, asyncio.Future | None]:
         ro = Rollout(
             id=rollout_id or "ro_" + secrets.token_hex(8),
             group_id=group_id,
@@ -406,8 +430,12 @@ class Ledger:
             metadata=dict(metadata or {}),
             created_at=time.time(),
         )
+        fut = None
         with self._lock:
-            self._commit_group()  # a write of its own: the open group commits first
+            if grouped:
+                fut = self._join_group()
+            else:
+                self._commit_group()  # a write of its own: the open group commits first
             try:
                 self._db.execute(
                     "INSERT INTO rollouts(id, group_id, api_key, status, metadata, created_at) "
@@ -415,8 +443,10 @@ class Ledger:
                     (ro.id, ro.group_id, ro.api_key, _json(ro.metadata), ro.created_at),
                 )
             except sqlite3.IntegrityError:
+                if fut is not None:
+                    fut.cancel()  # nobody waits for it: the group commits the others' writes
                 raise Conflict(f"rollout {ro.id} already exists: choose another id") from None
-        return ro
+        return ro, fut
 
     def get_rollout(self, rollout_id: str) -> Rollout:
         with self._lock:
