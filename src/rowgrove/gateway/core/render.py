@@ -256,10 +256,9 @@ class Renderer:
         """`encode(text)`, with the text between added tokens tokenized once per renderer.
 
         An added token cuts the text (the tokenizer splits on added tokens before anything else),
-        so each piece after an added token M tokenizes as `encode(M + piece)` without M's id;
-        pieces repeat across a rollout's roots (the system prompt, tools, every kept message) and
-        continuations' new parts (`_after`: role headers, the generation prompt), so each is
-        tokenized once. Used only for a tokenizer
+        so each piece after an added token M tokenizes as `encode(M + piece)` without M's id, the
+        form `_after` uses for a continuation; pieces repeat across a rollout's roots (the system
+        prompt, tools, every kept message), so each is tokenized once. Used only for a tokenizer
         whose added tokens strip nothing and match raw text, and checked once against `encode` of
         the whole text: a mismatch turns it off for this renderer."""
         if self._pieces_ok is False or self._backend is None or not text:
@@ -413,9 +412,7 @@ class Renderer:
         marker = self._added_text.get(marker_id)
         if marker is None:
             return None
-        # piece by piece between added tokens (`encode_prompt`): a continuation's new part is
-        # mostly pieces every turn writes (a role header, the generation prompt), tokenized once
-        ids = self.encode_prompt(marker + rest)
+        ids = self.encode(marker + rest)
         if len(ids) < 2 or ids[0] != marker_id:
             return None
         return ids[1:]
