@@ -23,6 +23,7 @@ parent's exact tokens, asks the engine, and records the call in the ledger.
       decide.py         chain hashes, parent lookup, root or continuation (pure, per rollout)
       messages.py       what a request's messages must be; the response message
       render.py         chat template -> prompt ids; the new part of a continuation, checked
+      drift.py          the string helpers of render's history-drift probe
       preprocess.py     messages as the engine's chat endpoint hands them to the template
       incremental.py    the per-template proof that a continuation renders only its window
       window.py         that window rendered by MiniJinja, in apply_chat_template's environment

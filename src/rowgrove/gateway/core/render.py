@@ -52,6 +52,7 @@ from typing import Any
 import orjson
 
 from rowgrove.errors import BadRequest, InputError
+from rowgrove.gateway.core.drift import change_one_char, common_prefix
 from rowgrove.gateway.core.messages import NO_IMAGES, RequestImages
 from rowgrove.gateway.core.preprocess import detect_content_format, engine_message, prepared_images
 
@@ -424,7 +425,7 @@ class Renderer:
         None when it cannot be located exactly (see the module docstring)."""
         if j + 1 >= len(prepared):
             return None
-        changed = _change_one_char(prepared[j + 1])
+        changed = change_one_char(prepared[j + 1])
         if changed is None:
             return None
         alt_msg, original, replacement = changed
@@ -432,7 +433,7 @@ class Renderer:
             alt = self._render(prepared[: j + 1] + [alt_msg] + prepared[j + 2:], tools, options, True, images)
         except BadRequest:
             return None
-        d = _common_prefix(text, alt)
+        d = common_prefix(text, alt)
         if d >= len(text) or d >= len(alt) or text[d] != original or alt[d] != replacement:
             return None
         markers, closing = self._turn_markers()
@@ -561,55 +562,6 @@ def _template_message(e: BaseException) -> str:
     if len(text) > 500:
         text = text[:497] + "..."
     return text if not isinstance(e, TypeError | KeyError | AttributeError | IndexError) else f"{type(e).__name__}: {text}"
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix of `a` and `b` (bisection on slices: C-speed)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _change_one_char(msg: dict[str, Any]) -> tuple[dict[str, Any], str, str] | None:
-    """`msg` with the non-space character nearest the middle of its content changed (so a
-    template's startswith / endswith / emptiness checks see the same content), with the original
-    and new character."""
-    content = msg.get("content")
-    if isinstance(content, str):
-        text, where = content, None
-    elif isinstance(content, list):
-        where = next((k for k, p in enumerate(content)
-                      if isinstance(p, Mapping) and isinstance(p.get("text"), str) and p["text"]), None)
-        if where is None:
-            return None
-        text = content[where]["text"]
-    else:
-        return None
-    # the non-space character nearest the middle (a space may be stripped or split on)
-    mid = len(text) // 2
-    k = next((i for d in range(len(text)) for i in (mid - d, mid + d)
-              if 0 <= i < len(text) and not text[i].isspace()), None)
-    if k is None:
-        return None
-    original = text[k]
-    replacement = "y" if original == "x" else "x"
-    new_text = text[:k] + replacement + text[k + 1:]
-    alt = dict(msg)
-    if where is None:
-        alt["content"] = new_text
-    else:
-        parts = list(content)
-        parts[where] = {**parts[where], "text": new_text}
-        alt["content"] = parts
-    return alt, original, replacement
 
 
 __all__ = ["Continuation", "Rendered", "Renderer"]
