@@ -108,3 +108,14 @@ def test_report_plots_eval_before_after_labels_every_axis_and_has_a_complete_leg
         assert f"background:{color}" in page, kind
     assert "rejected call" in page and "pending call" in page and "dashed line" in page
     assert write_report(tmp_path, recs, {}).read_text().count("data:image/png;base64,") == 4  # no eval: no plot
+
+
+def test_eval_points_hold_the_steps_evaluated_between_in_order():
+    from rowgrove.train.report import eval_points
+
+    recs = [{"step": 1}, {"step": 2, "eval_reward": 0.5}, {"step": 3}, {"step": 4, "eval_reward": 0.55}, {"step": 5}]
+    assert eval_points(0.4, 0.6, 5, recs) == [(0, 0.4), (2, 0.5), (4, 0.55), (5, 0.6)]
+    assert eval_points(None, None, 5, recs) == [(2, 0.5), (4, 0.55)]
+    assert eval_points(None, None, 5, [{"step": 1}]) == []
+    assert eval_points(0.4, 0.6, 2) == [(0, 0.4), (2, 0.6)]
+

@@ -140,22 +140,37 @@ def choose_examples(rewards: Sequence[float], n_rows: Sequence[int], k: int = 4)
     return picks
 
 
-def write_eval_plot(run_dir: str | Path, before: float | None, after: float | None, steps: int) -> Path | None:
-    """RUN_DIR/plots/eval_reward.png: the eval reward after the warm-up (step 0) and after GRPO
-    (step `steps`), the same prompts, one rollout each; None when the run did not evaluate."""
-    if before is None and after is None:
+def eval_points(before: float | None, after: float | None, steps: int,
+                records: Sequence[Mapping[str, Any]] = ()) -> list[tuple[int, float]]:
+    """(step, eval reward) in step order: after the warm-up (step 0), after every step the run
+    evaluated (`eval_every`: the records' `eval_reward`), after GRPO (step `steps`)."""
+    pts = {int(r["step"]): float(r["eval_reward"]) for r in records if r.get("eval_reward") is not None}
+    if before is not None:
+        pts[0] = float(before)
+    if after is not None:
+        pts[steps] = float(after)
+    return sorted(pts.items())
+
+
+def write_eval_plot(run_dir: str | Path, before: float | None, after: float | None, steps: int,
+                    records: Sequence[Mapping[str, Any]] = ()) -> Path | None:
+    """RUN_DIR/plots/eval_reward.png: the eval reward after the warm-up (step 0), at the steps
+    the run evaluated between (`eval_every`) and after GRPO (step `steps`), the same prompts, one
+    rollout each; None when the run did not evaluate."""
+    pts = eval_points(before, after, steps, records)
+    if not pts:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [(x, y) for x, y in ((0, before), (steps, after)) if y is not None]
     fig, ax = plt.subplots(figsize=(4.2, 2.8), dpi=90)
     ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", color="#1f6feb")
-    for x, y in pts:
+    for x, y in pts if len(pts) <= 4 else (pts[0], pts[-1]):  # every label where they fit
         ax.annotate(f"{y:.3f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
-    ax.set_title("eval reward: after warm-up (step 0), after GRPO", fontsize=10)
+    between = ", every evaluated step" if len(pts) > 2 else ""
+    ax.set_title(f"eval reward: after warm-up (step 0){between}, after GRPO", fontsize=10)
     ax.set_xlabel("step", fontsize=8)
     ax.set_ylabel("eval reward (mean over prompts)", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -199,7 +214,7 @@ def write_report(run_dir: str | Path, records: Sequence[Mapping[str, Any]], summ
     HTML) with their legend, and the config. Returns its path."""
     run = Path(run_dir)
     plots = [p for p in write_plots(run, records) if p.name != "curves.png"]
-    eval_plot = write_eval_plot(run, *evals, steps=len(records))
+    eval_plot = write_eval_plot(run, *evals, steps=len(records), records=records)
     plots = ([eval_plot] if eval_plot else []) + plots
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
                    for k, v in summary.items())
