@@ -54,6 +54,7 @@ import orjson
 from rowgrove.errors import BadRequest, InputError
 from rowgrove.gateway.core.drift import change_one_char, common_prefix
 from rowgrove.gateway.core.messages import NO_IMAGES, RequestImages
+from rowgrove.gateway.core.pieces import lines_cut_exactly, split_lines
 from rowgrove.gateway.core.preprocess import detect_content_format, engine_message, prepared_images
 
 # apply_chat_template's own parameters, and the variables it fills from the tokenizer: a
@@ -138,6 +139,8 @@ class Renderer:
         plain_added = all(not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values())
         self._pieces_ok: bool | None = None if plain_added and self._added_text else False
         self._pieces: OrderedDict[tuple[int | None, str], list[int]] = OrderedDict()
+        # and within a piece line by line, where that provably tokenizes the same (core.pieces)
+        self._lines_ok = self._backend is not None and lines_cut_exactly(self._backend)
         self._added_id = {t: i for i, t in sorted(self._added_text.items(), reverse=True)}
         self._added_re = re.compile("|".join(re.escape(t) for t in sorted(self._added_id, key=len, reverse=True))) \
             if self._added_id else None
@@ -268,14 +271,15 @@ class Renderer:
         pieces: list[tuple[int | None, str] | int] = []  # (previous added id, text) or an added id
         prev: int | None = None
         at = 0
+        cut = self._lines_ok
         for m in self._added_re.finditer(text):
             if m.start() > at:
-                pieces.append((prev, text[at:m.start()]))
+                _add_piece(pieces, prev, text[at:m.start()], cut)
             prev = self._added_id[m.group(0)]
             pieces.append(prev)
             at = m.end()
         if at < len(text):
-            pieces.append((prev, text[at:]))
+            _add_piece(pieces, prev, text[at:], cut)
         missing = list(dict.fromkeys(p for p in pieces if isinstance(p, tuple) and p not in cache))
         if missing:
             texts = [(self._added_text[p] if p is not None else "") + t for p, t in missing]
@@ -565,3 +569,15 @@ def _template_message(e: BaseException) -> str:
 
 
 __all__ = ["Continuation", "Rendered", "Renderer"]
+
+
+def _add_piece(pieces: list[tuple[int | None, str] | int], prev: int | None, text: str, cut: bool) -> None:
+    """Append the text after added token `prev` as one piece, or with `cut` as its lines: the
+    first keeps `prev` (tokenized after it), the others stand alone (core.pieces says why that
+    is exact)."""
+    if not cut:
+        pieces.append((prev, text))
+        return
+    for i, line in enumerate(split_lines(text)):
+        pieces.append((prev if i == 0 else None, line))
+
