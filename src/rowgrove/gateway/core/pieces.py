@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
+from collections.abc import Container, Sequence
 from typing import Any
+
+Key = tuple[int | None, str]  # (the added token's id before the text or None, the text)
 
 # the expressions that cut words, as tokenizer.json spells them (Split pre-tokenizer + ByteLevel
 # without its own regex): Qwen2/Qwen2.5/Qwen3's, Llama 3's (and tiktoken cl100k's)
@@ -61,3 +65,35 @@ def split_lines(text: str) -> list[str]:
     """`text` cut after every newline that has non-whitespace on both sides (a line keeps its
     newline); the parts join back to `text`."""
     return _LINE_CUT.split(text) if "\n" in text else [text]
+
+
+def units_of(pieces: Sequence[Key], cut: bool, known: Container[Key]) -> dict[Key, list[Key]]:
+    """What each new piece is tokenized as: itself; or, with `cut`, its lines that repeat (in
+    `known`, or more than once among `pieces`) each alone, and every run of lines between them
+    as one text. Many small texts cost the tokenizer more than one large one, so only a line
+    that can be reused is cut out. The first line keeps the piece's added token; the others
+    have none (they follow a newline, not an added token)."""
+    if not cut:
+        return {p: [p] for p in pieces}
+    lines = {}
+    for prev, text in pieces:
+        parts = split_lines(text)
+        lines[(prev, text)] = [(prev if i == 0 else None, part) for i, part in enumerate(parts)]
+    seen = Counter(k for keys in lines.values() for k in keys)
+    out: dict[Key, list[Key]] = {}
+    for piece, keys in lines.items():
+        units: list[Key] = []
+        run: list[Key] = []
+        for k in keys:
+            if seen[k] > 1 or k in known:
+                if run:
+                    units.append((run[0][0], "".join(t for _, t in run)))
+                    run = []
+                units.append(k)
+            else:
+                run.append(k)
+        if run:
+            units.append((run[0][0], "".join(t for _, t in run)))
+        out[piece] = units
+    return out
+

@@ -54,7 +54,7 @@ import orjson
 from rowgrove.errors import BadRequest, InputError
 from rowgrove.gateway.core.drift import change_one_char, common_prefix
 from rowgrove.gateway.core.messages import NO_IMAGES, RequestImages
-from rowgrove.gateway.core.pieces import lines_cut_exactly, split_lines
+from rowgrove.gateway.core.pieces import lines_cut_exactly, units_of
 from rowgrove.gateway.core.preprocess import detect_content_format, engine_message, prepared_images
 
 # apply_chat_template's own parameters, and the variables it fills from the tokenizer: a
@@ -271,33 +271,26 @@ class Renderer:
         pieces: list[tuple[int | None, str] | int] = []  # (previous added id, text) or an added id
         prev: int | None = None
         at = 0
-        cut = self._lines_ok
         for m in self._added_re.finditer(text):
             if m.start() > at:
-                _add_piece(pieces, prev, text[at:m.start()], cut)
+                pieces.append((prev, text[at:m.start()]))
             prev = self._added_id[m.group(0)]
             pieces.append(prev)
             at = m.end()
         if at < len(text):
-            _add_piece(pieces, prev, text[at:], cut)
+            pieces.append((prev, text[at:]))
         missing = list(dict.fromkeys(p for p in pieces if isinstance(p, tuple) and p not in cache))
         if missing:
-            texts = [(self._added_text[p] if p is not None else "") + t for p, t in missing]
-            # a large prompt is tokenized as one batch, which the tokenizer spreads over its
-            # threads, without the character offsets nothing here reads (encode_batch_fast: the
-            # same ids, about 15% less work); a small one is not worth waking the threads
-            if sum(map(len, texts)) > _BATCH_CHARS:
-                batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
-                encoded = [e.ids for e in batch(texts, add_special_tokens=False)]
-            else:
-                encoded = [self._backend.encode(t, add_special_tokens=False).ids for t in texts]
-            for (p, t), ids in zip(missing, encoded, strict=True):
-                if p is not None:
-                    if not ids or ids[0] != p:
-                        self._pieces_ok = False
-                        return self.encode(text)
-                    ids = ids[1:]
-                cache[(p, t)] = ids
+            # a new piece is tokenized by its lines where that is exact (core.pieces), so lines
+            # repeated across pieces (a file read twice, the same tool output) are tokenized once
+            units = units_of(missing, self._lines_ok, cache)
+            got = self._tokenize(list(dict.fromkeys(u for us in units.values() for u in us if u not in cache)))
+            if got is None:
+                self._pieces_ok = False
+                return self.encode(text)
+            for p, us in units.items():
+                cache[p] = [i for u in us for i in (got[u] if u in got else cache[u])]
+            cache.update(got)
             while len(cache) > _PIECE_CACHE:
                 cache.popitem(last=False)
         out: list[int] = []
@@ -313,6 +306,27 @@ class Renderer:
             self._pieces_ok = out == self.encode(text)
             if not self._pieces_ok:
                 return self.encode(text)
+        return out
+
+    def _tokenize(self, keys: list[tuple[int | None, str]]) -> dict[tuple[int | None, str], list[int]] | None:
+        """{(added id before it, text): its ids}, each text tokenized after its added token
+        without that token's id; None when an added token does not come back as its own id."""
+        texts = [(self._added_text[p] if p is not None else "") + t for p, t in keys]
+        # a large prompt is tokenized as one batch, which the tokenizer spreads over its threads,
+        # without the character offsets nothing here reads (encode_batch_fast: the same ids,
+        # about 15% less work); a small one is not worth waking the threads
+        if sum(map(len, texts)) > _BATCH_CHARS:
+            batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
+            encoded = [e.ids for e in batch(texts, add_special_tokens=False)]
+        else:
+            encoded = [self._backend.encode(t, add_special_tokens=False).ids for t in texts]
+        out = {}
+        for (p, t), ids in zip(keys, encoded, strict=True):
+            if p is not None:
+                if not ids or ids[0] != p:
+                    return None
+                ids = ids[1:]
+            out[(p, t)] = ids
         return out
 
     # -- internals ------------------------------------------------------------------------------
@@ -569,15 +583,3 @@ def _template_message(e: BaseException) -> str:
 
 
 __all__ = ["Continuation", "Rendered", "Renderer"]
-
-
-def _add_piece(pieces: list[tuple[int | None, str] | int], prev: int | None, text: str, cut: bool) -> None:
-    """Append the text after added token `prev` as one piece, or with `cut` as its lines: the
-    first keeps `prev` (tokenized after it), the others stand alone (core.pieces says why that
-    is exact)."""
-    if not cut:
-        pieces.append((prev, text))
-        return
-    for i, line in enumerate(split_lines(text)):
-        pieces.append((prev if i == 0 else None, line))
-
