@@ -326,10 +326,7 @@ def summarize_evals(evals: dict[str, dict[str, dict[int, float]]], threshold: fl
             continue
         last = steps[-1]
         late = steps[-3:]
-        late_of = {seed: float(np.mean([e[st] for st in late])) for seed, e in per_seed.items()
-                   if all(st in e for st in late)}
-        ref_late = {seed: float(np.mean([e[st] for st in late])) for seed, e in ref.items()
-                    if all(st in e for st in late)}
+        late_of, ref_late = _mean_over(per_seed, late), _mean_over(ref, late)
         reach = {seed: stats.steps_to(threshold, e) for seed, e in per_seed.items()}
         reached = [v for v in reach.values() if v is not None]
         out[name] = {
@@ -350,6 +347,12 @@ def summarize_evals(evals: dict[str, dict[str, dict[int, float]]], threshold: fl
             "reached_threshold": f"{len(reached)}/{len(reach)}",
         }
     return out
+
+
+def _mean_over(per_seed: dict[str, dict[int, float]], steps: Sequence[int]) -> dict[str, float]:
+    """{seed: mean eval reward over `steps`} of the seeds evaluated at all of them."""
+    return {seed: float(np.mean([e[st] for st in steps])) for seed, e in per_seed.items()
+            if all(st in e for st in steps)}
 
 
 def _mean(xs: Sequence[float | None]) -> float | None:

@@ -268,7 +268,7 @@ def _design_html(result: Mapping[str, Any]) -> str:
             f"{c.get('eval_every')} steps on {c.get('eval_prompts')} held-out prompts, one rollout each, the same "
             f"prompts and sampling seeds in every arm of a seed. Intervals are 95% Student's t over "
             f"{result['seeds']} seeds; a gap is the arm's eval reward minus rowgrove's on the same seed, so what "
-            f"the seeds share (their prompts, the step-1 rollouts) cancels. Steps to reach: the first evaluation "
+            f"a seed's arms share (their prompts, the step-1 rollouts) cancels. Steps to reach: the first evaluation "
             f"at or above {reward['threshold']:.2f}, averaged over the seeds that reached it.</p>")
 
 

@@ -33,6 +33,8 @@ def test_config_from_yaml_then_overrides(tmp_path):
     (["max_staleness=true"], "max_staleness is an integer or null"),
     (["max_staleness=1.5"], "max_staleness is an integer or null"),
     (["max_staleness=-1"], "max_staleness=-1"),
+    (["eval_every=2", "eval_prompts=0"], "eval_every=2 with eval_prompts=0"),
+    (["eval_every=-1"], "eval_every=-1"),
 ])
 def test_bad_config_is_named(bad, match):
     with pytest.raises(InputError, match=match):

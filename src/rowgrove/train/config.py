@@ -138,6 +138,9 @@ class TrainConfig:
                      "lr_warmup_steps"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} (must be >= 0)")
+        if self.eval_every and not self.eval_prompts:
+            problems.append(f"eval_every={self.eval_every} with eval_prompts=0 (set eval_prompts >= 1 to "
+                            "evaluate, or eval_every=0)")
         if not 0 <= self.lr_decay_to <= 1:
             problems.append(f"lr_decay_to={self.lr_decay_to} (must be in [0, 1])")
         if self.kl_coef < 0:
