@@ -1,5 +1,6 @@
 """The SQLite ledger: a real file, WAL, packed token blobs, states that only move forward."""
 
+import re
 import sqlite3
 
 import numpy as np
@@ -352,3 +353,42 @@ def test_a_caller_cancelled_while_its_completion_commits_leaves_the_call_undeliv
         got = led.get_call(call.id)
         assert got.status == "aborted" and got.error.startswith(UNDELIVERED)
         assert got.sampled_ids.tolist() == [2]
+
+
+def test_ids_made_later_sort_later_and_stay_unique(tmp_path):
+    """Call and rollout ids keep their shapes (chatcmpl- + 24 hex, ro_ + 21 hex) and sort in the
+    order they were made, so the ledger's id indexes grow at their ends; none repeats."""
+    with Ledger(tmp_path / "l.db") as led:
+        ros = [led.create_rollout("g") for _ in range(50)]
+        calls = [led.begin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
+                 for ro in ros for _ in range(4)]
+    rids, cids = [ro.id for ro in ros], [c.id for c in calls]
+    assert all(re.fullmatch(r"ro_[0-9a-f]{21}", r) for r in rids)
+    assert all(re.fullmatch(r"chatcmpl-[0-9a-f]{24}", c) for c in cids)
+    assert rids == sorted(rids) and cids == sorted(cids)
+    assert len(set(rids)) == len(rids) and len(set(cids)) == len(cids)
+
+
+def test_a_writable_open_drops_the_duplicate_rollout_index_and_queries_still_use_one(tmp_path):
+    """Ledgers made before kept calls_by_rollout, a copy of UNIQUE (rollout_id, ordinal)'s index
+    that every insert paid for; a writable open drops it, and reading a rollout's calls in order
+    still searches an index, never scans the table."""
+    path = tmp_path / "l.db"
+    with Ledger(path) as led:
+        led.create_rollout("g", rollout_id="ro_a")
+    db = sqlite3.connect(path)
+    db.execute("CREATE INDEX calls_by_rollout ON calls (rollout_id, ordinal)")
+    db.commit()
+    db.close()
+    with Ledger(path) as led:
+        c = led.begin_call("ro_a", parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
+        assert [x.id for x in led.calls("ro_a")] == [c.id]
+    db = sqlite3.connect(path)
+    try:
+        names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        plan = " ".join(r[-1] for r in db.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM calls WHERE rollout_id=? ORDER BY ordinal", ("ro_a",)))
+    finally:
+        db.close()
+    assert "calls_by_rollout" not in names
+    assert "USING INDEX" in plan and "TEMP B-TREE" not in plan, plan
