@@ -108,7 +108,9 @@ def load_json(raw: bytes, max_depth: int) -> Any:
         if "depth" in str(e).lower() or "recursion" in str(e).lower():
             raise _too_deep(max_depth) from None
         raise BadRequest(f"the request body is not valid JSON: {e}", code="invalid_json") from None
-    if json_depth_over(value, max_depth):
+    # every array or object opens with a bracket, so a body with at most `max_depth` of them
+    # (strings' brackets counted too) cannot nest deeper: two C-speed counts spare the walk
+    if raw.count(b"[") + raw.count(b"{") > max_depth and json_depth_over(value, max_depth):
         raise _too_deep(max_depth)
     return value
 
