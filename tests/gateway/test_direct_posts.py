@@ -1,0 +1,91 @@
+"""The calls' own routes are dispatched by a dict lookup ahead of Starlette's route table
+(`rowgrove.gateway.app.direct_posts`). The promise: nothing a client can send tells the two
+apart. Each request below goes to one running gateway twice, once with the shortcut and once
+through the route table alone, and gets the same status, the same error body, the same kind of
+answer; the shortcut takes only what it should (wrong methods, trailing slashes, empty ids and
+unknown routes still meet the route table's 404/405/redirect)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from fixtures_http import TestEngine, scripted_engine
+from rowgrove.gateway.testing import start_gateway
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+RESPONSES = {"model": "m", "input": "hi", "max_output_tokens": 3}
+MESSAGES = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    with start_gateway("tiny", engine=TestEngine(scripted_engine("tiny")),
+                       ledger=tmp_path_factory.mktemp("direct") / "ledger.db") as handle:
+        yield handle
+
+
+def _cases(ro: dict, other: dict) -> list[tuple[str, str, object, str | None]]:
+    """(method, path, json body, api key) of requests on and around the direct routes."""
+    rid, key = ro["rollout_id"], ro["api_key"]
+    base = f"/rollouts/{rid}"
+    return [
+        ("POST", f"{base}/v1/chat/completions", CHAT, key),
+        ("POST", f"{base}/v1/responses", RESPONSES, key),
+        ("POST", f"{base}/v1/messages", MESSAGES, key),
+        ("POST", f"{base}/v1/chat/completions", {"model": "m"}, key),          # 400
+        ("POST", f"{base}/v1/messages", {"model": "m"}, key),                  # 400, Anthropic's shape
+        ("POST", f"{base}/v1/chat/completions", CHAT, "rk_wrong"),             # 401
+        ("POST", f"{base}/v1/chat/completions", CHAT, other["api_key"]),       # another rollout's key
+        ("POST", "/rollouts/ro_nope/v1/chat/completions", CHAT, key),          # 404 rollout
+        ("POST", "/rollouts/ro_nope/v1/messages", MESSAGES, key),
+        ("POST", "/rollouts//v1/chat/completions", CHAT, key),                 # empty id: the table's 404
+        ("POST", f"{base}/v1/chat/completions/", CHAT, key),                   # trailing slash
+        ("POST", f"{base}/v1/chat/completion", CHAT, key),                     # unknown route
+        ("POST", f"{base}/v1/models", CHAT, key),                              # GET-only route: 405
+        ("GET", f"{base}/v1/chat/completions", None, key),                     # 405
+        ("POST", f"/rollouts/{rid}/x/v1/chat/completions", CHAT, key),       # id with a slash
+        ("POST", "/v1/chat/completions", CHAT, key),                           # no rollout
+    ]
+
+
+def _answer(http: httpx.Client, method: str, path: str, body: object, key: str | None) -> tuple:
+    r = http.request(method, path, json=body, headers={"authorization": f"Bearer {key}"})
+    try:
+        data = r.json()
+    except ValueError:
+        data = r.text
+    if r.status_code == 200:  # ids and times differ between two answers: compare their kind
+        data = sorted(data) if isinstance(data, dict) else data
+    return r.status_code, r.headers.get("location"), r.headers.get("allow"), data
+
+
+def test_the_shortcut_answers_every_request_as_the_route_table_does(gw):
+    app = gw.server.config.app
+    direct = app.router.middleware_stack
+    assert direct is not app.router.app, "create_app no longer installs the direct dispatch"
+    got: dict[str, list] = {}
+    with httpx.Client(base_url=gw.url, timeout=60, follow_redirects=False) as http:
+        for label, stack in (("direct", direct), ("table", app.router.app)):
+            app.router.middleware_stack = stack
+            try:
+                ro, other = gw.create_rollout("g"), gw.create_rollout("g")
+                got[label] = [_answer(http, *case) for case in _cases(ro, other)]
+            finally:
+                app.router.middleware_stack = direct
+    statuses = [a[0] for a in got["direct"]]
+    assert statuses[:3] == [200, 200, 200] and 404 in statuses and 405 in statuses
+    for case, d, t in zip(_cases({"rollout_id": "ID", "api_key": "K"}, {"api_key": "O"}), got["direct"], got["table"]):
+        d, t = _strip_ids(d), _strip_ids(t)
+        assert d == t, case[:2]
+
+
+def _strip_ids(x: object) -> object:
+    """`x` with rollout ids masked (each pass made its own rollouts)."""
+    if isinstance(x, tuple | list):
+        return type(x)(_strip_ids(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _strip_ids(v) for k, v in x.items()}
+    return re.sub(r"ro_[0-9a-f]+", "ro_ID", x) if isinstance(x, str) else x
