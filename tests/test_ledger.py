@@ -369,26 +369,34 @@ def test_ids_made_later_sort_later_and_stay_unique(tmp_path):
     assert len(set(rids)) == len(rids) and len(set(cids)) == len(cids)
 
 
-def test_a_writable_open_drops_the_duplicate_rollout_index_and_queries_still_use_one(tmp_path):
-    """Ledgers made before kept calls_by_rollout, a copy of UNIQUE (rollout_id, ordinal)'s index
-    that every insert paid for; a writable open drops it, and reading a rollout's calls in order
-    still searches an index, never scans the table."""
+def test_a_writable_open_drops_the_indexes_inserts_paid_for_and_reads_still_search_one(tmp_path):
+    """Ledgers made before kept calls_by_rollout (a copy of UNIQUE (rollout_id, ordinal)'s index)
+    and calls_by_request_key (for retries), both updated at every call insert; a writable open
+    drops them. Reading a rollout's calls in order and finding a retry's original still search
+    an index, never scan the table, and find the same calls."""
     path = tmp_path / "l.db"
     with Ledger(path) as led:
         led.create_rollout("g", rollout_id="ro_a")
     db = sqlite3.connect(path)
     db.execute("CREATE INDEX calls_by_rollout ON calls (rollout_id, ordinal)")
+    db.execute("CREATE INDEX calls_by_request_key ON calls (rollout_id, request_key)")
     db.commit()
     db.close()
     with Ledger(path) as led:
-        c = led.begin_call("ro_a", parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
-        assert [x.id for x in led.calls("ro_a")] == [c.id]
+        made = [led.begin_call("ro_a", parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h",
+                               request_key=k) for k in ("k1", "k2", "k1", "k3")]
+        assert [x.id for x in led.calls("ro_a")] == [c.id for c in made]
+        assert led.find_retry("ro_a", "k1").id == made[2].id
+        assert led.find_retry("ro_a", "k2").id == made[1].id and led.find_retry("ro_a", "k9") is None
     db = sqlite3.connect(path)
     try:
         names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-        plan = " ".join(r[-1] for r in db.execute(
-            "EXPLAIN QUERY PLAN SELECT id FROM calls WHERE rollout_id=? ORDER BY ordinal", ("ro_a",)))
+        plans = [" ".join(r[-1] for r in db.execute("EXPLAIN QUERY PLAN " + q, args)) for q, args in (
+            ("SELECT id FROM calls WHERE rollout_id=? ORDER BY ordinal", ("ro_a",)),
+            ("SELECT id FROM calls WHERE rollout_id=? AND request_key=? ORDER BY ordinal DESC LIMIT 1",
+             ("ro_a", "k1")))]
     finally:
         db.close()
-    assert "calls_by_rollout" not in names
-    assert "USING INDEX" in plan and "TEMP B-TREE" not in plan, plan
+    assert not names & {"calls_by_rollout", "calls_by_request_key"}
+    for plan in plans:
+        assert "USING INDEX" in plan and "TEMP B-TREE" not in plan, plan

@@ -113,7 +113,6 @@ CREATE TABLE IF NOT EXISTS call_image_summaries (  -- the kept-image check's evi
     call_id       TEXT PRIMARY KEY REFERENCES calls(id),
     blind_summary TEXT NOT NULL                    -- summary hash with image parts counted without pixels
 );
-CREATE INDEX IF NOT EXISTS calls_by_request_key ON calls (rollout_id, request_key);
 CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts (status, created_at);
 """
 
@@ -307,9 +306,11 @@ class Ledger:
                 self._db.execute(f"PRAGMA synchronous={synchronous}")
                 self._db.execute("PRAGMA foreign_keys=ON")
                 self._db.executescript(SCHEMA)
-                # a copy of UNIQUE (rollout_id, ordinal)'s own index that earlier ledgers were made with:
-                # every call insert paid for it twice
+                # indexes earlier ledgers were made with, paid for at every call insert: a copy of
+                # UNIQUE (rollout_id, ordinal)'s own, and one for retries, which are rare and find
+                # their call among the rollout's own calls through that same index
                 self._db.execute("DROP INDEX IF EXISTS calls_by_rollout")
+                self._db.execute("DROP INDEX IF EXISTS calls_by_request_key")
                 self._db.execute(
                     "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
