@@ -58,6 +58,7 @@ from rowgrove.gateway.dialects.openai_format import (
     stream_events,
 )
 from rowgrove.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rowgrove.gateway.protocol import GONE
 from rowgrove.gateway.responses import (
     JSON,
     DeliveredResponse,
@@ -244,7 +245,11 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         route was entered (the latency metric and Server-Timing count from there)."""
         retry_count = request.headers.get("x-stainless-retry-count", "0")
         retry = retry_count.isdigit() and int(retry_count) > 0
-        watch = watch_disconnect(request.receive)  # handed to the response once there is one
+        # resolved when the client leaves; handed to the response once there is one. The
+        # gateway's own protocol provides it; under another ASGI server a task watches receive()
+        watch = request.scope.get(GONE)
+        if watch is None:
+            watch = watch_disconnect(request.receive)
         # the call runs in this task, which the watch cancels when the client leaves first (one
         # task fewer per call than running it beside the watch and waiting for either)
         me = asyncio.current_task()

@@ -15,6 +15,10 @@ the layer below the app, where a request that cannot be parsed never reaches a r
   and one TCP segment per answer instead of two, the largest single cost of a call at load
   (`OneWriteCycle`). Nothing is held longer than until the app's first body message, which the
   gateway sends in the same turn as the start.
+- Each request's scope carries a future under `GONE`, resolved when the connection is lost: the
+  app watches for a client that leaves through it instead of a task of its own waiting on
+  `receive()` for `http.disconnect` (the same moment: uvicorn sends that message from
+  `connection_lost` too), one task fewer per call.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from rowgrove.gateway.dialects.openai_format import error_body
 
 log = logging.getLogger("rowgrove.gateway")
+
+GONE = "rowgrove.gone"  # the scope key of the future resolved when the request's connection is lost
 
 
 def error_response(status: int, message: str, code: str) -> bytes:
@@ -131,7 +137,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        cycle = self.cycle
         super().connection_lost(exc)
+        gone = cycle.scope.get(GONE) if cycle is not None else None
+        if gone is not None and not gone.done():
+            gone.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
@@ -153,6 +163,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:  # the cycle just built; its task has not run yet
             self.cycle.__class__ = OneWriteCycle
+            self.cycle.scope[GONE] = self.loop.create_future()
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(400, f"malformed HTTP request ({msg.rstrip('.')}): send a valid HTTP/1.1 request",
