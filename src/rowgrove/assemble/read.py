@@ -14,14 +14,8 @@ from pathlib import Path
 
 from rowgrove.errors import Conflict
 from rowgrove.ledger import Ledger
-from rowgrove.ledger.store import (
-    _ROLLOUT_COLUMNS,
-    _rollout_from_row,
-    table_columns,
-    unpack_floats,
-    unpack_ids,
-    unpack_versions,
-)
+from rowgrove.ledger.codec import rollout_from_row, unpack_floats, unpack_ids, unpack_versions
+from rowgrove.ledger.schema import ROLLOUT_COLUMNS, table_columns
 from rowgrove.types import Call, Rollout
 
 
@@ -94,9 +88,9 @@ def iter_finished(ledger: Ledger | str | Path) -> Iterator[tuple[Rollout, list[C
     try:
         db.execute("BEGIN")  # one snapshot for both queries, even beside a live gateway
         ros = [
-            _rollout_from_row(r)
+            rollout_from_row(r)
             for r in db.execute(
-                f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE status='finished' ORDER BY created_at, id"
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE status='finished' ORDER BY created_at, id"
             )
         ]
         sql = f"SELECT {_cols(table_columns(db, 'calls'))} FROM calls c WHERE c.rollout_id=? ORDER BY c.ordinal"

@@ -1,4 +1,5 @@
-"""SQLite store for rollouts and calls (WAL mode, schema declared once below).
+"""SQLite store for rollouts and calls (WAL mode; the file's layout is `rowgrove.ledger.schema`,
+how its values are stored `rowgrove.ledger.codec`).
 
 Token arrays are packed little-endian int32 blobs (logprobs float32, weight versions int32, one
 per sampled id): 2× smaller and ~30× faster to read than JSON. A root stores its full prompt; a
@@ -8,7 +9,7 @@ rollout stores each token about once.
 A call is written as `pending` before the engine is asked and completed, failed or aborted after;
 the gateway answers the harness only after the completion is committed, and moves a completed call
 to aborted when its response did not reach the client in full (`mark_undelivered`). Nothing is
-deleted. `durability` chooses SQLite's `synchronous` (see `_synchronous`).
+deleted. `durability` chooses SQLite's `synchronous` (see `synchronous_for`).
 
 Group commit. The gateway writes calls with `abegin_call` / `acomplete_call`, and new rollouts
 with `acreate_rollout`: each statement joins the one open transaction, opened by the first of them
@@ -35,257 +36,11 @@ import numpy as np
 import orjson
 
 from rowgrove.errors import Conflict, InputError, NotFound
+from rowgrove.ledger.codec import (call_from_row, check_versions, from_json, ordered_hex, pack_floats, pack_ids,
+                                    rollout_from_row, to_json, unpack_ids)
+from rowgrove.ledger.schema import (ROLLOUT_COLUMNS, SCHEMA, SCHEMA_VERSION, UNDELIVERED, call_columns, open_ledger_db,
+                                     prepare_ledger_db, synchronous_for, table_columns)
 from rowgrove.types import Call, Rollout
-
-SCHEMA_VERSION = 4  # 2: calls.history_drift; 3: calls.weight_versions; 4: media tables (older ledgers are migrated on open)
-# how the error of a call that completed but whose response did not reach the client begins
-UNDELIVERED = "not delivered to the client"
-
-# columns later versions added to `calls`, with the DDL that adds them and the value an older
-# ledger's calls read as: every call such a ledger holds predates what the column records
-_ADDED_CALL_COLUMNS = {
-    "history_drift": ("history_drift INTEGER NOT NULL DEFAULT 0", "0"),
-    "weight_versions": ("weight_versions BLOB", "NULL"),
-}
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rollouts (
-    id          TEXT PRIMARY KEY,
-    group_id    TEXT,
-    api_key     TEXT NOT NULL,
-    status      TEXT NOT NULL DEFAULT 'open',      -- open | finished
-    metadata    BLOB,                              -- JSON
-    reward      REAL,
-    valid       INTEGER NOT NULL DEFAULT 1,
-    record      BLOB,                              -- JSON {"messages": [...]} | {"conversations": [...]}
-    created_at  REAL NOT NULL,
-    finished_at REAL
-);
-CREATE TABLE IF NOT EXISTS calls (
-    id            TEXT PRIMARY KEY,
-    rollout_id    TEXT NOT NULL REFERENCES rollouts(id),
-    ordinal       INTEGER NOT NULL,                -- 1-based within the rollout
-    parent_id     TEXT REFERENCES calls(id),
-    root          INTEGER NOT NULL,
-    status        TEXT NOT NULL,                   -- pending | completed | failed | aborted
-    prompt_ids    BLOB NOT NULL,                   -- int32: full prompt (root) | new part (continuation)
-    prompt_len    INTEGER NOT NULL,                -- full prompt length the engine saw
-    sampled_ids   BLOB,                            -- int32
-    logprobs      BLOB,                            -- float32, one per sampled id
-    weight_versions BLOB,                          -- int32, one per sampled id; NULL = unknown
-    finish_reason TEXT,
-    request_hash  TEXT NOT NULL,
-    summary_hash  TEXT,
-    response_hash TEXT,
-    request_key   TEXT,
-    history_drift INTEGER NOT NULL DEFAULT 0,      -- continuation whose history the template re-renders differently
-    response      BLOB,                            -- JSON body sent to the harness
-    error         TEXT,
-    created_at    REAL NOT NULL,
-    completed_at  REAL,
-    UNIQUE (rollout_id, ordinal)
-);
-CREATE TABLE IF NOT EXISTS media (                 -- each image once, named by its pixels (rowgrove.media)
-    digest      TEXT PRIMARY KEY,                  -- pixels:<sha256 of size + RGB bytes>
-    mime        TEXT NOT NULL,
-    width       INTEGER NOT NULL,
-    height      INTEGER NOT NULL,
-    data        BLOB NOT NULL,                     -- the bytes it first came as (decode to the same pixels)
-    processor   TEXT REFERENCES processors(id)     -- what makes the model's processed form from the bytes
-);
-CREATE TABLE IF NOT EXISTS processors (
-    id          TEXT PRIMARY KEY,                  -- sha256 of config
-    config      BLOB NOT NULL                      -- JSON: processor class, image processor settings, transformers version
-);
-CREATE TABLE IF NOT EXISTS call_media (            -- the images of a call's full prompt, in order
-    call_id     TEXT NOT NULL REFERENCES calls(id),
-    position    INTEGER NOT NULL,
-    digest      TEXT NOT NULL REFERENCES media(digest),
-    message     INTEGER,                           -- where the request held it: messages[message].content[part]
-    part        INTEGER,
-    PRIMARY KEY (call_id, position)
-);
-CREATE TABLE IF NOT EXISTS call_image_summaries (  -- the kept-image check's evidence (gateway.images)
-    call_id       TEXT PRIMARY KEY REFERENCES calls(id),
-    blind_summary TEXT NOT NULL                    -- summary hash with image parts counted without pixels
-);
-CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts (status, created_at);
-"""
-
-_CALL_COLUMNS = (
-    "id, rollout_id, ordinal, parent_id, root, status, prompt_ids, prompt_len, sampled_ids, "
-    "logprobs, finish_reason, request_hash, summary_hash, response_hash, request_key, response, "
-    "error, created_at, completed_at, history_drift, weight_versions"
-)
-_OLD_VERSIONS = ("1", "2", "3")  # migrated on a writable open, read as they are on a read-only one
-_ROLLOUT_COLUMNS = (
-    "id, group_id, api_key, status, metadata, reward, valid, record, created_at, finished_at"
-)
-
-
-def ordered_hex(n: int) -> str:
-    """`n` (> 13) hex digits: the microsecond clock (13 digits, good to the year 2112), then random
-    ones. Ids made later sort later, so each insert lands at the end of the ledger's indexes on
-    call and rollout ids; a random id dirties a random index page at every insert, and every dirty
-    page is written to the WAL at the next commit (measured about a quarter of the ledger's CPU
-    per call at 32 concurrent rollouts, bench/bench_gateway.py). The random part keeps ids unique
-    across processes and unguessable in part; an id is a name, never a secret."""
-    return f"{time.time_ns() // 1000:013x}{secrets.token_hex((n - 12) // 2)}"[:n]
-
-
-def pack_ids(ids: Sequence[int] | np.ndarray) -> bytes:
-    return np.asarray(ids, dtype="<i4").tobytes()
-
-
-def unpack_ids(blob: bytes | None) -> np.ndarray:
-    return np.frombuffer(blob, dtype="<i4") if blob else np.zeros(0, np.int32)
-
-
-def pack_floats(xs: Sequence[float] | np.ndarray) -> bytes:
-    return np.asarray(xs, dtype="<f4").tobytes()
-
-
-def unpack_floats(blob: bytes | None) -> np.ndarray:
-    return np.frombuffer(blob, dtype="<f4") if blob else np.zeros(0, np.float32)
-
-
-def unpack_versions(blob: bytes | None) -> np.ndarray | None:
-    """Weight versions of a call's sampled ids; None where the ledger does not know them (NULL)."""
-    return None if blob is None else np.frombuffer(blob, dtype="<i4")
-
-
-def call_columns(present: set[str] | frozenset[str]) -> str:
-    """`_CALL_COLUMNS` for a calls table that has the columns `present`: a column an older schema
-    lacks reads as its default (see `_ADDED_CALL_COLUMNS`), so old ledgers stay readable."""
-    out = []
-    for name in (c.strip() for c in _CALL_COLUMNS.split(",")):
-        if name in _ADDED_CALL_COLUMNS and name not in present:
-            out.append(_ADDED_CALL_COLUMNS[name][1])
-        else:
-            out.append(name)
-    return ", ".join(out)
-
-
-def table_columns(db: sqlite3.Connection, table: str) -> set[str]:
-    """The column names of `table` in the database `db`."""
-    return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
-
-
-def _check_versions(call_id: str, sampled_ids: Sequence[int] | np.ndarray,
-                    weight_versions: Sequence[int] | np.ndarray | None) -> bytes | None:
-    """The packed versions, or None; InputError unless there is one version >= 0 per sampled id."""
-    if weight_versions is None:
-        return None
-    if type(weight_versions) is list and len(weight_versions) == len(sampled_ids) \
-            and all(type(v) is int and 0 <= v <= 2**31 - 1 for v in weight_versions):
-        return pack_ids(weight_versions)  # the gateway's usual case, without numpy's per-array cost
-    vs = np.asarray(weight_versions)
-    if vs.ndim != 1 or len(vs) != len(sampled_ids):
-        raise InputError(
-            f"call {call_id}: {len(sampled_ids)} sampled ids but {vs.size} weight versions: give one per sampled id"
-        )
-    if len(vs) and (not np.issubdtype(vs.dtype, np.integer) or vs.min() < 0 or vs.max() > np.iinfo(np.int32).max):
-        raise InputError(f"call {call_id}: weight versions must be integers in [0, 2**31), got {vs[:5].tolist()}")
-    return pack_ids(vs)
-
-
-def _json(value: Any) -> bytes | None:
-    return None if value is None else orjson.dumps(value)
-
-
-def _unjson(blob: bytes | str | None) -> Any:
-    return None if blob is None else orjson.loads(blob)
-
-
-def _call_from_row(r: tuple) -> Call:
-    return Call(
-        id=r[0], rollout_id=r[1], ordinal=r[2], parent_id=r[3], root=bool(r[4]), status=r[5],
-        prompt_ids=unpack_ids(r[6]), prompt_len=r[7], sampled_ids=unpack_ids(r[8]),
-        logprobs=unpack_floats(r[9]), finish_reason=r[10], request_hash=r[11],
-        summary_hash=r[12], response_hash=r[13], request_key=r[14], response=_unjson(r[15]),
-        error=r[16], created_at=r[17], completed_at=r[18], history_drift=bool(r[19]),
-        weight_versions=unpack_versions(r[20]),
-    )
-
-
-def _rollout_from_row(r: tuple) -> Rollout:
-    return Rollout(
-        id=r[0], group_id=r[1], api_key=r[2], status=r[3], metadata=_unjson(r[4]) or {},
-        reward=r[5], valid=bool(r[6]), record=_unjson(r[7]), created_at=r[8], finished_at=r[9],
-    )
-
-
-def _not_a_ledger(path: Path, why: str, readonly: bool) -> InputError:
-    fix = ("pass the ledger file `rowgrove serve --ledger` wrote" if readonly
-           else "pass a ledger that `rowgrove serve --ledger` wrote, or a new path to start a new one")
-    return InputError(f"{path} is not a rowgrove ledger ({why}): {fix}")
-
-
-def _cannot_open(path: Path, e: Exception, readonly: bool) -> InputError:
-    why = getattr(e, "strerror", None) or str(e)
-    return InputError(f"cannot open ledger {path} ({why}): pass a path you can read"
-                      + ("" if readonly else " and write"))
-
-
-def _open_ledger_db(path: Path, readonly: bool) -> sqlite3.Connection:
-    """A connection to the ledger at `path`, checked to be one before anything is written: a new
-    path, or an existing empty file, is a new ledger (writable opens only); a directory, a file
-    that is not SQLite and an SQLite database without rowgrove's `meta` table are refused with
-    InputError (NotFound for a read-only open of a missing path)."""
-    from urllib.parse import quote
-
-    if path.is_dir():
-        raise _not_a_ledger(path, "it is a directory", readonly)
-    try:
-        if readonly:
-            if not path.exists():
-                raise NotFound(f"ledger {path} does not exist: pass the file `rowgrove serve --ledger` wrote")
-            uri = f"file:{quote(str(path.resolve()))}?mode=ro"
-            db = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-    except (OSError, sqlite3.Error) as e:
-        raise _cannot_open(path, e, readonly) from None
-    try:
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if not tables and readonly:
-            empty = path.stat().st_size == 0
-            raise _not_a_ledger(path, "it is empty" if empty else "an SQLite database with no tables", readonly)
-        if tables and "meta" not in tables:
-            raise _not_a_ledger(path, "an SQLite database without rowgrove's tables", readonly)
-        if tables and db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() is None:
-            raise _not_a_ledger(path, "its meta table has no schema_version", readonly)
-    except sqlite3.DatabaseError as e:
-        db.close()
-        if "not a database" in str(e):
-            raise _not_a_ledger(path, "not an SQLite database", readonly) from None
-        if "unable to open" in str(e):
-            raise _cannot_open(path, e, readonly) from None
-        raise _not_a_ledger(path, f"SQLite: {e}", readonly) from None
-    except BaseException:
-        db.close()
-        raise
-    return db
-
-
-DURABILITY = {"normal": "NORMAL", "full": "FULL"}
-
-
-def _synchronous(durability: str) -> str:
-    """SQLite's `synchronous` for a `Ledger(durability=...)`. In WAL mode "normal" (NORMAL) loses
-    no committed call when the process dies (kill -9 included): the WAL reaches the OS at every
-    commit; a power loss or OS crash may lose the last commits (never corrupting the file).
-    "full" (FULL) syncs the WAL to disk at every commit, so a commit also survives a power loss,
-    at about 4x the commit cost (measured 72 vs 273 µs per call)."""
-    if durability not in DURABILITY:
-        raise InputError(f"durability must be one of {', '.join(DURABILITY)}, got {durability!r}")
-    return DURABILITY[durability]
-
 
 class Ledger:
     """One SQLite file holding rollouts and their calls. Safe to share between threads.
@@ -295,56 +50,12 @@ class Ledger:
     the columns the file's calls table has."""
 
     def __init__(self, path: str | Path, *, readonly: bool = False, durability: str = "normal"):
-        synchronous = _synchronous(durability)  # InputError before anything is opened
+        synchronous = synchronous_for(durability)  # InputError before anything is opened
         self.path = str(path)
         # refuses (InputError, connection closed) a directory, a file that is not SQLite and an
         # SQLite file without rowgrove's tables, before anything is written to it
-        self._db = _open_ledger_db(Path(self.path), readonly)
-        if not readonly:
-            try:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute(f"PRAGMA synchronous={synchronous}")
-                self._db.execute("PRAGMA foreign_keys=ON")
-                self._db.executescript(SCHEMA)
-                # indexes earlier ledgers were made with, paid for at every call insert: a copy of
-                # UNIQUE (rollout_id, ordinal)'s own, and one for retries, which are rare and find
-                # their call among the rollout's own calls through that same index
-                self._db.execute("DROP INDEX IF EXISTS calls_by_rollout")
-                self._db.execute("DROP INDEX IF EXISTS calls_by_request_key")
-                self._db.execute(
-                    "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-                )
-                self._db.execute("BEGIN IMMEDIATE")  # proves the file and its folder take writes
-                self._db.execute("ROLLBACK")
-            except sqlite3.OperationalError as e:  # a read-only file or folder, a full disk, a lock
-                self._db.close()
-                raise InputError(f"cannot write ledger {self.path} ({e}): pass a ledger file you can "
-                                 "write (check its and its folder's permissions), or read it with "
-                                 "`rowgrove rows` / `rowgrove show`, which only read") from None
-        version = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        old = version is not None and version[0] in _OLD_VERSIONS
-        if old and not readonly:
-            # an older ledger gains the columns it lacks; its calls read as the columns' defaults
-            # (no drift detected, weight versions unknown)
-            cols = table_columns(self._db, "calls")
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for name, (ddl, _) in _ADDED_CALL_COLUMNS.items():
-                    if name not in cols:
-                        self._db.execute(f"ALTER TABLE calls ADD COLUMN {ddl}")
-                self._db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            version = (str(SCHEMA_VERSION),)
-        if version is None or (version[0] != str(SCHEMA_VERSION) and not (old and readonly)):
-            raise InputError(
-                f"ledger {self.path} has schema version {version and version[0]}, this rowgrove "
-                f"reads versions {', '.join(_OLD_VERSIONS)} and {SCHEMA_VERSION}: use a fresh ledger file"
-                + (" or a newer rowgrove" if version is not None and version[0].isdigit()
-                   and int(version[0]) > SCHEMA_VERSION else "")
-            )
+        self._db = open_ledger_db(Path(self.path), readonly)
+        prepare_ledger_db(self._db, self.path, readonly, synchronous)
         # read-only on an older version: the columns it lacks read as their defaults
         self.call_table_columns = frozenset(table_columns(self._db, "calls"))
         self._call_columns = call_columns(self.call_table_columns)
@@ -455,7 +166,7 @@ class Ledger:
                 self._db.execute(
                     "INSERT INTO rollouts(id, group_id, api_key, status, metadata, created_at) "
                     "VALUES (?, ?, ?, 'open', ?, ?)",
-                    (ro.id, ro.group_id, ro.api_key, _json(ro.metadata), ro.created_at),
+                    (ro.id, ro.group_id, ro.api_key, to_json(ro.metadata), ro.created_at),
                 )
             except sqlite3.IntegrityError:
                 if fut is not None:
@@ -466,21 +177,21 @@ class Ledger:
     def get_rollout(self, rollout_id: str) -> Rollout:
         with self._lock:
             r = self._db.execute(
-                f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE id=?", (rollout_id,)
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE id=?", (rollout_id,)
             ).fetchone()
         if r is None:
             raise NotFound(f"rollout {rollout_id} not found: create it with POST /v1/rollouts")
-        return _rollout_from_row(r)
+        return rollout_from_row(r)
 
     def rollouts(self, status: str | None = None) -> list[Rollout]:
-        sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts"
+        sql = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts"
         args: tuple = ()
         if status is not None:
             sql += " WHERE status=?"
             args = (status,)
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY created_at, id", args).fetchall()
-        return [_rollout_from_row(r) for r in rows]
+        return [rollout_from_row(r) for r in rows]
 
     def finish_rollout(
         self, rollout_id: str, record: dict[str, Any] | None, reward: float | None, valid: bool = True
@@ -497,7 +208,7 @@ class Ledger:
                 self._db.execute(
                     "UPDATE rollouts SET status='finished', record=?, reward=?, valid=?, finished_at=? "
                     "WHERE id=?",
-                    (_json(record), reward, int(bool(valid)), now, rollout_id),
+                    (to_json(record), reward, int(bool(valid)), now, rollout_id),
                 )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -646,9 +357,9 @@ class Ledger:
             raise InputError(
                 f"call {call_id}: {len(sampled_ids)} sampled ids but {len(logprobs)} logprobs"
             )
-        versions = _check_versions(call_id, sampled_ids, weight_versions)
+        versions = check_versions(call_id, sampled_ids, weight_versions)
         args = (pack_ids(sampled_ids), pack_floats(logprobs), versions, finish_reason, summary_hash,
-                response_hash, _json(response), time.time(), call_id)
+                response_hash, to_json(response), time.time(), call_id)
         with self._lock:
             fut = self._join_group() if grouped else None
             if fut is None:
@@ -680,7 +391,7 @@ class Ledger:
         when given, the weight version of each sampled id, as in `complete_call`)."""
         if status not in ("failed", "aborted"):
             raise InputError(f"end_call status must be 'failed' or 'aborted', not {status!r}")
-        versions = _check_versions(call_id, sampled_ids, weight_versions)
+        versions = check_versions(call_id, sampled_ids, weight_versions)
         with self._lock:
             self._commit_group()  # a write of its own: the open group commits first
             self._db.execute(
@@ -717,7 +428,7 @@ class Ledger:
             r = self._db.execute(f"SELECT {self._call_columns} FROM calls WHERE id=?", (call_id,)).fetchone()
         if r is None:
             raise NotFound(f"call {call_id} not found")
-        return _call_from_row(r)
+        return call_from_row(r)
 
     def calls(self, rollout_id: str) -> list[Call]:
         """The rollout's calls in ordinal order."""
@@ -725,7 +436,7 @@ class Ledger:
             rows = self._db.execute(
                 f"SELECT {self._call_columns} FROM calls WHERE rollout_id=? ORDER BY ordinal", (rollout_id,)
             ).fetchall()
-        return [_call_from_row(r) for r in rows]
+        return [call_from_row(r) for r in rows]
 
     def find_retry(self, rollout_id: str, request_key: str) -> Call | None:
         """The most recent call of this rollout made from the same request body, if any."""
@@ -735,16 +446,16 @@ class Ledger:
                 "ORDER BY ordinal DESC LIMIT 1",
                 (rollout_id, request_key),
             ).fetchone()
-        return None if r is None else _call_from_row(r)
+        return None if r is None else call_from_row(r)
 
     def iter_finished(self) -> Iterator[tuple[Rollout, list[Call]]]:
         """Every finished rollout with its calls, in creation order, read in one pass."""
         with self._lock:
             ros = self._db.execute(
-                f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE status='finished' ORDER BY created_at, id"
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE status='finished' ORDER BY created_at, id"
             ).fetchall()
         for r in ros:
-            ro = _rollout_from_row(r)
+            ro = rollout_from_row(r)
             yield ro, self.calls(ro.id)
 
     # -- media (images, stored once; rowgrove.ledger.media reads them back) ------------------
@@ -836,7 +547,7 @@ class Ledger:
                 "LEFT JOIN processors p ON p.id = m.processor WHERE m.digest=?", (digest,)).fetchone()
         if r is None:
             return None
-        return r[0], int(r[1]), int(r[2]), bytes(r[3]), _unjson(r[4])
+        return r[0], int(r[1]), int(r[2]), bytes(r[3]), from_json(r[4])
 
     def _tables(self) -> set[str]:
         with self._lock:
@@ -872,3 +583,5 @@ def _settle(fut: asyncio.Future, error: BaseException | None) -> None:
         fut.set_result(None)
     else:
         fut.set_exception(error)
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "UNDELIVERED", "Ledger", "pack_floats", "pack_ids", "unpack_ids"]
