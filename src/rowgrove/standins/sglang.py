@@ -52,14 +52,14 @@ from starlette.routing import Route
 from rowgrove.errors import InputError
 from rowgrove.standins.common import StandinState
 from rowgrove.standins.sglang_control import ControlRoutes
-from rowgrove.standins.sglang_output import GenerateOutput, _abort, _CutBody, _CutStream, _dumps, _error_events
+from rowgrove.standins.sglang_output import GenerateOutput, finish_abort, CutBody, CutStream, sglang_dumps, error_events
 from rowgrove.standins.sglang_request import (
     GenerateParsing,
-    _bad_request,
-    _error,
-    _http_error,
-    _Run,
-    _UnknownKey,
+    bad_request,
+    native_error,
+    http_error,
+    GenerateRun,
+    UnknownKey,
 )
 
 QUEUE_FULL = "The request queue is full."
@@ -89,7 +89,7 @@ class _SGLangStandin(GenerateParsing, GenerateOutput, ControlRoutes):
         self.version = str(weight_version)
         # the hf engine counts updates; each count has the version name it was loaded under
         self.names: dict[int, str] = {int(getattr(engine, "weights_version", 0)): self.version}
-        self.runs: dict[str, _Run] = {}
+        self.runs: dict[str, GenerateRun] = {}
         self.outputs: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.unpaused = asyncio.Event()
         self.unpaused.set()
@@ -111,44 +111,44 @@ class _SGLangStandin(GenerateParsing, GenerateOutput, ControlRoutes):
         try:
             obj = await request.json()
         except ValueError:
-            return _bad_request("the body is not JSON")
+            return bad_request("the body is not JSON")
         if not isinstance(obj, dict):
-            return _bad_request("the body must be a JSON object (GenerateReqInput)")
+            return bad_request("the body must be a JSON object (GenerateReqInput)")
         self.state.requests.append(obj)
         fault = self.state.take_fault()
         if fault in ("500", "502"):
-            return _http_error(int(fault), f"stand-in fault: {fault}")
+            return http_error(int(fault), f"stand-in fault: {fault}")
         if fault in ("429", "503"):
-            return _http_error(int(fault), f"stand-in fault: {fault}", {"retry-after": "2"})
+            return http_error(int(fault), f"stand-in fault: {fault}", {"retry-after": "2"})
         if fault == "400":
-            return _error("stand-in fault: 400")
+            return native_error("stand-in fault: 400")
         stream = bool(obj.get("stream", False))
         try:
             run = self._parse(obj, fault)
-        except _UnknownKey:
+        except UnknownKey:
             # SamplingParams(**params) raises TypeError: uncaught, a bare 500 (spec §5)
             return PlainTextResponse("Internal Server Error", 500)
         except ValueError as e:
             if stream:  # the ValueError surfaces inside the stream: 200, an error event, [DONE] [HS-new]
-                return StreamingResponse(_error_events(str(e)), media_type="text/event-stream")
-            return _error(str(e))
+                return StreamingResponse(error_events(str(e)), media_type="text/event-stream")
+            return native_error(str(e))
         if self.max_queued is not None and len(self.state.running) >= self.max_queued:
             # the scheduler aborts with status 503 [RE `_handle_abort_finish_reason`]: a 503
             # ErrorResponse when not streaming, an abort chunk under 200 when streaming
             if not stream:
-                return _http_error(503, QUEUE_FULL)
-            run.finish = _abort(QUEUE_FULL, 503)
-            return _CutStream(self._events(run, request, started=False), media_type="text/event-stream")
+                return http_error(503, QUEUE_FULL)
+            run.finish = finish_abort(QUEUE_FULL, 503)
+            return CutStream(self._events(run, request, started=False), media_type="text/event-stream")
         self._start(run)
         if stream:
-            return _CutStream(self._events(run, request), media_type="text/event-stream")
+            return CutStream(self._events(run, request), media_type="text/event-stream")
         if await self._wait(run, request):
             return Response(status_code=200)  # nobody reads it
         if run.error is not None:
-            return _error(run.error)
-        body = _dumps(self._output(run, 0, len(run.ids), final=True))
+            return native_error(run.error)
+        body = sglang_dumps(self._output(run, 0, len(run.ids), final=True))
         if fault == "cut":
-            return _CutBody(body, media_type="application/json")
+            return CutBody(body, media_type="application/json")
         return Response(body, media_type="application/json")
 
 

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from rowgrove.standins.common import json_response
-from rowgrove.standins.sglang_request import _bad_request, _error, _json_body
+from rowgrove.standins.sglang_request import bad_request, native_error, json_body
 
 FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
               "requests, the operation will not be performed.)\n")
@@ -35,7 +35,7 @@ class ControlRoutes:
         except ValueError:
             obj = {}
         if not isinstance(obj, dict):
-            return _error("the body must be a JSON object (AbortReq)")
+            return native_error("the body must be a JSON object (AbortReq)")
         if obj.get("abort_all"):
             for rid in list(self.runs):
                 self._abort_run(rid, "Aborted by abort_all.")
@@ -87,7 +87,7 @@ class ControlRoutes:
     async def tokenize(self, request: Request) -> Response:
         """POST /tokenize and /v1/tokenize: OpenAI-style, JSON only [HS-new `validate_json_request`;
         shapes per DOC]."""
-        obj = await _json_body(request)
+        obj = await json_body(request)
         if isinstance(obj, Response):
             return obj
         prompt = obj.get("prompt")
@@ -99,11 +99,11 @@ class ControlRoutes:
             tokens = [list(self.tokenizer.encode(p, add_special_tokens=add)) for p in prompt]
             return json_response({"tokens": tokens, "count": [len(t) for t in tokens],
                                   "max_model_len": self.context_length})
-        return _bad_request("prompt must be a string or a list of strings")
+        return bad_request("prompt must be a string or a list of strings")
 
     async def detokenize(self, request: Request) -> Response:
         """POST /detokenize and /v1/detokenize [HS-new; DOC]."""
-        obj = await _json_body(request)
+        obj = await json_body(request)
         if isinstance(obj, Response):
             return obj
         tokens = obj.get("tokens")
@@ -112,7 +112,7 @@ class ControlRoutes:
             return json_response({"text": self._decode(tokens, skip)})
         if isinstance(tokens, list) and all(isinstance(t, list) for t in tokens):
             return json_response({"text": [self._decode(t, skip) for t in tokens]})
-        return _bad_request("tokens must be a list of ints or a list of lists of ints")
+        return bad_request("tokens must be a list of ints or a list of lists of ints")
 
     async def health(self, request: Request) -> Response:
         """GET /health and /health_generate: 200 with an empty body when healthy [HS-new]."""
@@ -128,7 +128,7 @@ class ControlRoutes:
         """POST /update_weights_from_disk [HS-new; IO `UpdateWeightFromDiskReqInput`; DOC]: load
         FOLDER/model.safetensors into the engine; on success `weight_version` (if given) names the
         new weights. 200 {"success": true, ...} or 400 {"success": false, "message"}."""
-        obj = await _json_body(request, strict=False)
+        obj = await json_body(request, strict=False)
         if isinstance(obj, Response):
             return obj
         path = obj.get("model_path")
@@ -172,7 +172,7 @@ class ControlRoutes:
 
     async def update_weight_version(self, request: Request) -> Response:
         """POST /update_weight_version {"new_version", "abort_all_requests" (default true)} [HS-new]."""
-        obj = await _json_body(request, strict=False)
+        obj = await json_body(request, strict=False)
         if isinstance(obj, Response):
             return obj
         new = obj.get("new_version")
@@ -195,7 +195,7 @@ class ControlRoutes:
             obj = {}
         mode = obj.get("mode", "abort") if isinstance(obj, dict) else "abort"
         if mode not in ("abort", "retract", "in_place"):
-            return _error(f"unknown pause mode {mode!r}")
+            return native_error(f"unknown pause mode {mode!r}")
         self.unpaused.clear()
         if mode == "abort":
             for rid in list(self.runs):
@@ -221,6 +221,6 @@ class ControlRoutes:
             obj = await request.json()
             self.state.set_fault(obj.get("mode"), int(obj.get("count", 1)), obj.get("delay"))
         except (ValueError, TypeError, AttributeError) as e:
-            return _error(str(e))
+            return native_error(str(e))
         return json_response({"mode": self.state.fault_mode, "count": self.state.fault_count,
                               "delay": self.state.delay})

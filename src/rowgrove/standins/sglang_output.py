@@ -17,29 +17,30 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from rowgrove.standins.common import sample_segments
-from rowgrove.standins.sglang_request import _Run
+from rowgrove.standins.sglang_request import GenerateRun
 
-_OUTPUTS_KEPT = 2000
+OUTPUTS_KEPT = 2000
 
 
-class _Cut(Exception):
+class CutConnection(Exception):
     """Raised inside a response to drop the connection before the response is complete."""
 
 
-class _CutStream(StreamingResponse):
-    """A StreamingResponse whose body may stop with _Cut: the app then returns with the response
+class CutStream(StreamingResponse):
+    """A StreamingResponse whose body may stop with CutConnection: the app then returns with the response
     incomplete and uvicorn closes the connection (the client sees the body end too early)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         except BaseException as e:
-            if isinstance(e, _Cut) or (isinstance(e, BaseExceptionGroup) and e.subgroup(_Cut) is not None):
+            if isinstance(e, CutConnection) or (
+                    isinstance(e, BaseExceptionGroup) and e.subgroup(CutConnection) is not None):
                 return
             raise
 
 
-class _CutBody(Response):
+class CutBody(Response):
     """A JSON body sent half-way, then the connection is dropped (the "cut" fault)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -51,13 +52,13 @@ class GenerateOutput:
     """Sampling and output, for the stand-in (which holds `engine`, `state`, `tokenizer`, `runs`,
     `outputs`, `names`, `version`, `incremental`, `segment`, `segment_delay`, `unpaused`)."""
 
-    def _start(self, run: _Run) -> None:
+    def _start(self, run: GenerateRun) -> None:
         self.runs[run.rid] = run
         run.task = asyncio.get_running_loop().create_task(self._produce(run))
         self.state.running[run.rid] = run.task
         self._record(run)
 
-    async def _produce(self, run: _Run) -> None:
+    async def _produce(self, run: GenerateRun) -> None:
         """Sample the request segment by segment, waking the response after each segment."""
         try:
             await self.unpaused.wait()  # a paused server holds new requests [spec §5]
@@ -88,7 +89,7 @@ class GenerateOutput:
                         run.tops += seg.tops
                     run.names += [name] * len(ids)
                     if run.fault == "abort":
-                        run.finish = _abort("Aborted", None)
+                        run.finish = finish_abort("Aborted", None)
                     elif seg.finish_reason is not None:
                         run.finish = self._finish(run, seg.finish_reason)
                     self._record(run)
@@ -99,7 +100,7 @@ class GenerateOutput:
                         await asyncio.sleep(self.segment_delay)
                     await self.unpaused.wait()
         except asyncio.CancelledError:  # /abort_request, pause(abort) or the client left
-            run.finish = _abort(run.abort_message, None)
+            run.finish = finish_abort(run.abort_message, None)
         except Exception as e:  # noqa: BLE001 - the engine's failure reaches the client as SGLang's would
             run.error = f"{type(e).__name__}: {e}"
         finally:
@@ -108,7 +109,7 @@ class GenerateOutput:
             self.runs.pop(run.rid, None)
             run.events.put_nowait(None)
 
-    def _finish(self, run: _Run, reason: str) -> dict[str, Any]:
+    def _finish(self, run: GenerateRun, reason: str) -> dict[str, Any]:
         """`BaseFinishReason.to_json()` [SB]: stop on an id → matched id; on a string → matched
         string; max_new_tokens → {"type": "length", "length": N}."""
         if reason == "length":
@@ -120,7 +121,7 @@ class GenerateOutput:
         hit = [s for s in run.sampling.stop if s in tail]
         return {"type": "stop", "matched": hit[0] if hit else last}
 
-    async def _wait(self, run: _Run, request: Request) -> bool:
+    async def _wait(self, run: GenerateRun, request: Request) -> bool:
         """Wait for a non-streamed request to end; True if the client left first (then the
         request is aborted, as SGLang's `_wait_one_response` does [RE])."""
         assert run.task is not None
@@ -131,13 +132,13 @@ class GenerateOutput:
                 return True
         return False
 
-    def _client_left(self, run: _Run) -> None:
+    def _client_left(self, run: GenerateRun) -> None:
         self.state.disconnected.append(run.rid)
         run.abort_message = "Request is disconnected from the client side."
         if run.task is not None:
             run.task.cancel()
 
-    async def _events(self, run: _Run, request: Request, started: bool = True):
+    async def _events(self, run: GenerateRun, request: Request, started: bool = True):
         """The SSE body: `data: {...}\\n\\n` per chunk, then `data: [DONE]\\n\\n` [HS-new]. In the
         cumulative form each chunk holds everything so far; in the incremental form only the
         new ids/text/logprobs [OP, LP `slice_streaming_output_meta_info`]. Queued wake-ups
@@ -150,28 +151,28 @@ class GenerateOutput:
                 while not run.events.empty():
                     ended = ended or run.events.get_nowait() is None
                 if run.error is not None:
-                    yield b"data: " + _dumps({"error": {"message": run.error}}) + b"\n\n"
+                    yield b"data: " + sglang_dumps({"error": {"message": run.error}}) + b"\n\n"
                     break
                 n = len(run.ids)
                 final = run.finish is not None
                 if run.fault == "cut" and (n > 0 or final):
                     if n:
-                        yield b"data: " + _dumps(self._output(run, 0, n, final=False)) + b"\n\n"
-                    raise _Cut
+                        yield b"data: " + sglang_dumps(self._output(run, 0, n, final=False)) + b"\n\n"
+                    raise CutConnection
                 if n > sent or final:
-                    yield b"data: " + _dumps(self._output(run, sent, n, final=final)) + b"\n\n"
+                    yield b"data: " + sglang_dumps(self._output(run, sent, n, final=final)) + b"\n\n"
                     sent = n
                 if final or ended:
                     break
             if not started:  # turned away before it ran: one abort chunk
-                yield b"data: " + _dumps(self._output(run, 0, 0, final=True)) + b"\n\n"
+                yield b"data: " + sglang_dumps(self._output(run, 0, 0, final=True)) + b"\n\n"
             yield b"data: [DONE]\n\n"
         except asyncio.CancelledError:  # the client disconnected (Starlette cancels the body)
             if run.finish is None:
                 self._client_left(run)
             raise
 
-    def _output(self, run: _Run, start: int, end: int, *, final: bool) -> dict[str, Any]:
+    def _output(self, run: GenerateRun, start: int, end: int, *, final: bool) -> dict[str, Any]:
         """One output object [OP]: `text`, `output_ids` and `meta_info`. Cumulative: everything
         up to `end`; incremental: the part from `start` [LP]. The final one adds the finish
         reason, `e2e_latency` and the `weight_versions` spans [WV, WVT test_11]."""
@@ -210,7 +211,7 @@ class GenerateOutput:
             self._record(run, spans)
         return {"text": text, "output_ids": ids, "meta_info": meta}
 
-    def _text(self, run: _Run, end: int, skip: bool, final: bool) -> str:
+    def _text(self, run: GenerateRun, end: int, skip: bool, final: bool) -> str:
         """The output text of the first `end` ids; on the final output, trimmed at the matched
         stop unless no_stop_trim [DT `trim_matched_stop`]."""
         ids = run.ids[:end]
@@ -226,13 +227,13 @@ class GenerateOutput:
     def _decode(self, ids: list[int], skip: bool) -> str:
         return self.tokenizer.decode([i for i in ids if 0 <= i < len(self.tokenizer)], skip_special_tokens=skip)
 
-    def _record(self, run: _Run, spans: list[dict[str, Any]] | None = None) -> None:
+    def _record(self, run: GenerateRun, spans: list[dict[str, Any]] | None = None) -> None:
         """What the stand-in sampled for `run` and how it ended, for tests: `outputs[rid]` (ids as
         sent: a bad_id fault's id shows; logprob and stream faults do not)."""
         entry = self.outputs.get(run.rid)
         if entry is None:
             entry = self.outputs[run.rid] = {"input_ids": run.prompt}
-            while len(self.outputs) > _OUTPUTS_KEPT:
+            while len(self.outputs) > OUTPUTS_KEPT:
                 self.outputs.popitem(last=False)
         entry.update(output_ids=list(run.ids), logprobs=list(run.lps), versions=list(run.names),
                      finish_reason=run.finish, error=run.error)
@@ -240,7 +241,7 @@ class GenerateOutput:
             entry["weight_versions"] = spans
 
 
-def _abort(message: str, status: int | None) -> dict[str, Any]:
+def finish_abort(message: str, status: int | None) -> dict[str, Any]:
     """FINISH_ABORT.to_json() [SB]."""
     return {"type": "abort", "message": message, "status_code": status, "err_type": None}
 
@@ -257,13 +258,13 @@ def _spans(names: list[str], current: str) -> list[dict[str, Any]]:
     return spans or [{"version": current, "start": 0, "end": 0}]
 
 
-def _dumps(obj: Any) -> bytes:
+def sglang_dumps(obj: Any) -> bytes:
     """orjson as SGLang writes it: NaN and ±inf become null [HS-new ORJSONResponse]."""
     import orjson
 
     return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS)
 
 
-async def _error_events(message: str):
-    yield b"data: " + _dumps({"error": {"message": message}}) + b"\n\n"
+async def error_events(message: str):
+    yield b"data: " + sglang_dumps({"error": {"message": message}}) + b"\n\n"
     yield b"data: [DONE]\n\n"

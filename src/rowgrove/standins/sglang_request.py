@@ -1,6 +1,6 @@
 """Reading an SGLang /generate body (`GenerateReqInput` [IO], `sampling_params` as SGLang's
-`SamplingParams` [SP]) into a `_Run`, refusing with SGLang's ValueError (a 400) what SGLang or the
-stand-in refuses; and SGLang's error bodies (`_error`, `_http_error`, `_bad_request` [HS-new,
+`SamplingParams` [SP]) into a `GenerateRun`, refusing with SGLang's ValueError (a 400) what SGLang or the
+stand-in refuses; and SGLang's error bodies (`native_error`, `http_error`, `bad_request` [HS-new,
 HS-old]). Short names are the sources listed in `rowgrove.standins.sglang`'s docstring;
 `GenerateParsing` is one part of the stand-in there.
 """
@@ -36,25 +36,25 @@ NEUTRAL = {"top_k": (-1, None), "min_p": (0, 0.0, None), "frequency_penalty": (0
            "logit_bias": (None, {}), "custom_params": (None,)}
 
 
-def _error(message: str, status: int = 400) -> Response:
+def native_error(message: str, status: int = 400) -> Response:
     """SGLang's native error: 400 {"error": {"message"}} (`_create_error_response`) [HS-old, HS-new]."""
     return json_response({"error": {"message": message}}, status)
 
 
-def _http_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+def http_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     """FastAPI's HTTPException handler in SGLang: the OpenAI-style ErrorResponse [HS-new]."""
     return json_response({"object": "error", "message": message, "type": str(status), "param": None,
                           "code": status}, status, headers)
 
 
-def _bad_request(message: str) -> Response:
+def bad_request(message: str) -> Response:
     """A request-validation error (422 remapped to 400) [HS-new]."""
     return json_response({"object": "error", "message": message, "type": "Bad Request", "param": None,
                           "code": 400}, 400)
 
 
 @dataclass(eq=False)
-class _Run:
+class GenerateRun:
     """One /generate request: what has been sampled so far, and how it ended."""
 
     rid: str
@@ -79,15 +79,15 @@ class _Run:
     input_triples: list[list[Any]] | None = None       # prompt logprobs, when logprob_start >= 0
 
 
-class _UnknownKey(Exception):
+class UnknownKey(Exception):
     pass
 
 
 class GenerateParsing:
     """`_parse`, for the stand-in (which holds `tokenizer`, `vocab_size`, `context_length`, `runs`)."""
 
-    def _parse(self, obj: dict[str, Any], fault: str | None) -> _Run:
-        """The request as a _Run; ValueError (SGLang's 400) for what SGLang or the stand-in refuses."""
+    def _parse(self, obj: dict[str, Any], fault: str | None) -> GenerateRun:
+        """The request as a GenerateRun; ValueError (SGLang's 400) for what SGLang or the stand-in refuses."""
         text, ids = obj.get("text"), obj.get("input_ids")
         if obj.get("input_embeds") is not None:
             raise ValueError("the stand-in does not take input_embeds")
@@ -126,7 +126,7 @@ class GenerateParsing:
             raise ValueError("the stand-in does not take batch requests (sampling_params is a list)")
         unknown = sorted(set(params) - SAMPLING_KEYS)
         if unknown:
-            raise _UnknownKey(unknown)
+            raise UnknownKey(unknown)
         for key, allowed in NEUTRAL.items():
             if key in params and params[key] not in allowed:
                 raise ValueError(f"the stand-in cannot honour sampling_params.{key}={params[key]!r}")
@@ -163,20 +163,20 @@ class GenerateParsing:
             )
         except InputError as e:
             raise ValueError(str(e)) from None
-        return _Run(rid=rid, prompt=prompt, sampling=sampling, params=params, top_n=int(top_n),
+        return GenerateRun(rid=rid, prompt=prompt, sampling=sampling, params=params, top_n=int(top_n),
                     return_text=bool(obj.get("return_text_in_logprobs")), fault=fault, logprob_start=start,
                     images=decoded)
 
 
-async def _json_body(request: Request, *, strict: bool = True) -> dict[str, Any] | Response:
+async def json_body(request: Request, *, strict: bool = True) -> dict[str, Any] | Response:
     """The JSON object body; the OpenAI-style routes (`strict`) also need the JSON content type
     [HS-new `validate_json_request`]."""
     if strict and "application/json" not in request.headers.get("content-type", ""):
-        return _bad_request("Unsupported Media Type: Only 'application/json' is allowed")
+        return bad_request("Unsupported Media Type: Only 'application/json' is allowed")
     try:
         obj = await request.json()
     except ValueError:
-        return _bad_request("the body is not JSON")
+        return bad_request("the body is not JSON")
     if not isinstance(obj, dict):
-        return _bad_request("the body must be a JSON object")
+        return bad_request("the body must be a JSON object")
     return obj

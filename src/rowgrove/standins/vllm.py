@@ -65,7 +65,7 @@ from starlette.routing import Route
 from rowgrove.standins.common import StandinState, WatchedResponse, control_routes, json_response
 from rowgrove.standins.vllm_dev import DevRoutes
 from rowgrove.standins.vllm_output import CompletionOutput
-from rowgrove.standins.vllm_request import CompletionParsing, _json_body, _Refusal, error_response
+from rowgrove.standins.vllm_request import CompletionParsing, json_body, Refusal, error_response
 
 VERSION = "0.11.0+rowgrove.standin"  # what GET /version reports
 STATUS_FAULTS = ("500", "502", "429", "503", "400")
@@ -107,7 +107,7 @@ class VLLMStandin(CompletionParsing, CompletionOutput, DevRoutes):
         self.state.requests.append(body)
         try:
             req = self.parse(body)
-        except _Refusal as e:
+        except Refusal as e:
             return error_response(str(e), e.status, e.param)
         fault = self.state.take_fault()
         entry = self.state.begin_generation(rid, "/v1/completions", req.prompt, fault)
@@ -146,7 +146,7 @@ class VLLMStandin(CompletionParsing, CompletionOutput, DevRoutes):
     async def tokenize(self, request: Request) -> Response:
         """POST /tokenize (TP): a string prompt, or the chat form (messages rendered with the
         served folder's chat template) → {"count", "max_model_len", "tokens", "token_strs"}."""
-        body = await _json_body(request)
+        body = await json_body(request)
         if isinstance(body, Response):
             return body
         model = body.get("model")
@@ -177,7 +177,7 @@ class VLLMStandin(CompletionParsing, CompletionOutput, DevRoutes):
 
     async def detokenize(self, request: Request) -> Response:
         """POST /detokenize {"tokens": [ids]} → {"prompt": text}."""
-        body = await _json_body(request)
+        body = await json_body(request)
         if isinstance(body, Response):
             return body
         tokens = body.get("tokens")

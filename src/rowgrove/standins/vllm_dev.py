@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from rowgrove.standins.common import json_response
-from rowgrove.standins.vllm_request import _json_body, error_response
+from rowgrove.standins.vllm_request import json_body, error_response
 
 
-def _base_id(rid: str) -> str:
+def base_request_id(rid: str) -> str:
     """vLLM's engine-side id of prompt 0 is f"cmpl-{base}-0" (CS); /abort_requests takes that one."""
     if rid.startswith("cmpl-"):
         rid = rid[5:]
@@ -62,7 +62,7 @@ class DevRoutes:
         `reload_weights` (kwargs `weights_path`: a folder of *.safetensors, default the served
         folder) is implemented: the tensors are loaded and handed to the sampling engine's
         `update_weights` (in a thread) → {"results": [null]} (one worker)."""
-        body = await _json_body(request, detail=True)
+        body = await json_body(request, detail=True)
         if isinstance(body, Response):
             return body
         method = body.get("method")
@@ -110,7 +110,7 @@ class DevRoutes:
 
     async def update_weight_version(self, request: Request) -> Response:
         """POST /update_weight_version {"new_version": str} (RL-b) → {"success": true, "new_version"}."""
-        body = await _json_body(request, detail=True)
+        body = await json_body(request, detail=True)
         if isinstance(body, Response):
             return body
         new = body.get("new_version")
@@ -124,12 +124,12 @@ class DevRoutes:
         """POST /abort_requests {"request_ids": [...]} (RL-b): those requests (ids as the engine
         knows them, "cmpl-<X-Request-Id>-0"; the bare id works too), or all when empty, end with
         finish reason abort → {"status": "aborted", "aborted": n}."""
-        body = await _json_body(request, detail=True)
+        body = await json_body(request, detail=True)
         if isinstance(body, Response):
             return body
         ids = body.get("request_ids") or []
         running = list(self.state.running)
-        wanted = {_base_id(str(i)) for i in ids}
+        wanted = {base_request_id(str(i)) for i in ids}
         targets = [r for r in running if r in wanted] if ids else running
         for rid in targets:
             self.state.abort_requested.add(rid)

@@ -18,11 +18,11 @@ import orjson
 from starlette.responses import Response
 
 from rowgrove.standins.common import Send, StandinCut, WatchedResponse, sample_segments
-from rowgrove.standins.vllm_request import _Request, error_response
+from rowgrove.standins.vllm_request import ParsedCompletion, error_response
 
 
 @dataclass
-class _Piece:
+class Piece:
     token_ids: list[int]
     logprobs: list[float]
     tops: list[list[tuple[int, float]]] | None
@@ -35,7 +35,7 @@ class _Text:
     stop string cut unless include_stop_str_in_output, text that may still become a stop string
     (or an incomplete UTF-8 character) held back until it is settled."""
 
-    def __init__(self, tokenizer: Any, req: _Request):
+    def __init__(self, tokenizer: Any, req: ParsedCompletion):
         self.tokenizer = tokenizer
         self.req = req
         self.sent = ""
@@ -64,7 +64,7 @@ class CompletionOutput:
     """Sampling and the answer's bodies, for `VLLMStandin` (which holds `engine`, `state`,
     `tokenizer`, `served`, `vocab_size`, `segment` and the `active` set)."""
 
-    def prompt_logprobs_obj(self, req: _Request) -> list[dict[str, Any] | None] | None:
+    def prompt_logprobs_obj(self, req: ParsedCompletion) -> list[dict[str, Any] | None] | None:
         """CS's `prompt_logprobs`: None for the first prompt token, then per token a dict keyed by
         token id (as a string) of {logprob, rank, decoded_token}: the prompt token's own entry
         first, then the k best (raw log_softmax of one teacher-forced pass of the sampling model)."""
@@ -92,7 +92,7 @@ class CompletionOutput:
 
     # ---- sampling -------------------------------------------------------------------------
 
-    async def pieces(self, req: _Request, rid: str, entry: dict[str, Any], fault: str | None):
+    async def pieces(self, req: ParsedCompletion, rid: str, entry: dict[str, Any], fault: str | None):
         """The request's sampled pieces, pause, abort and faults applied; logs into `entry`."""
         state = self.state
         if fault == "hang":
@@ -103,7 +103,7 @@ class CompletionOutput:
         while state.paused and rid not in state.abort_requested:  # new requests wait out any pause
             await asyncio.sleep(0.01)
         if rid in state.abort_requested:
-            yield _Piece([], [], [] if req.logprobs else None, "abort")
+            yield Piece([], [], [] if req.logprobs else None, "abort")
             return
         self.active.add(rid)
         try:
@@ -117,7 +117,7 @@ class CompletionOutput:
                     if seg.tops is not None:
                         entry["top_logprobs"] += [[list(p) for p in t] for t in seg.tops]
                     finish = "abort" if fault == "abort" else seg.finish_reason
-                    yield _Piece(seg.token_ids, seg.logprobs, seg.tops, finish, [seg.version] * n)
+                    yield Piece(seg.token_ids, seg.logprobs, seg.tops, finish, [seg.version] * n)
                     if finish is not None:
                         return
                     if state.segment_delay:
@@ -125,12 +125,12 @@ class CompletionOutput:
                     while state.paused and state.pause_mode == "keep" and rid not in state.abort_requested:
                         await asyncio.sleep(0.01)  # frozen between pieces until /resume
                     if rid in state.abort_requested:
-                        yield _Piece([], [], [] if req.logprobs else None, "abort")
+                        yield Piece([], [], [] if req.logprobs else None, "abort")
                         return
         finally:
             self.active.discard(rid)
 
-    def stop_reason(self, req: _Request, ids: list[int], finish: str | None) -> int | str | None:
+    def stop_reason(self, req: ParsedCompletion, ids: list[int], finish: str | None) -> int | str | None:
         """CP stop_reason: the stop id or stop string that ended the turn; None for EOS or length."""
         if finish != "stop" or not ids:
             return None
@@ -143,7 +143,7 @@ class CompletionOutput:
         hits = sorted((text.find(s), s) for s in req.stop if s in text)
         return hits[0][1] if hits else None
 
-    def logprobs_obj(self, req: _Request, ids: list[int], lps: list[float],
+    def logprobs_obj(self, req: ParsedCompletion, ids: list[int], lps: list[float],
                      tops: list[list[tuple[int, float]]] | None, offset: int) -> dict[str, Any] | None:
         """CS _create_completion_logprobs: per token its string (or "token_id:N"), its logprob
         (clamped at -9999), a dict of the sampled token first then the top `logprobs`
@@ -173,7 +173,7 @@ class CompletionOutput:
         entry["finish_reason"] = finish
         entry["status"] = "aborted" if finish == "abort" else "finished"
 
-    async def whole(self, send: Send, handle: WatchedResponse, req: _Request, rid: str,
+    async def whole(self, send: Send, handle: WatchedResponse, req: ParsedCompletion, rid: str,
                     entry: dict[str, Any], fault: str | None) -> None:
         """The non-streaming answer (CS request_output_to_completion_response)."""
         self.state.running[rid] = handle.task  # type: ignore[assignment]
@@ -226,7 +226,7 @@ class CompletionOutput:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": raw, "more_body": False})
 
-    async def stream(self, send: Send, handle: WatchedResponse, req: _Request, rid: str,
+    async def stream(self, send: Send, handle: WatchedResponse, req: ParsedCompletion, rid: str,
                      entry: dict[str, Any], fault: str | None) -> None:
         """The server-sent event stream (CS completion_stream_generator): one choice per chunk,
         deltas of text/token_ids/logprobs, prompt_token_ids in the first chunk only, the last delta
