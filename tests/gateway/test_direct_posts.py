@@ -89,3 +89,19 @@ def _strip_ids(x: object) -> object:
     if isinstance(x, dict):
         return {k: _strip_ids(v) for k, v in x.items()}
     return re.sub(r"ro_[0-9a-f]+", "ro_ID", x) if isinstance(x, str) else x
+
+
+def test_the_shortcut_serves_the_three_call_routes_without_the_route_table(gw):
+    """With the route table emptied, a rollout's chat, responses and messages POSTs still answer
+    (the shortcut took them), while any other route finds nothing."""
+    app = gw.server.config.app
+    ro = gw.create_rollout("g")
+    routes = list(app.router.routes)
+    app.router.routes.clear()
+    try:
+        with httpx.Client(base_url=gw.url, timeout=60) as http:
+            got = [_answer(http, *case)[0] for case in _cases(ro, ro)[:3]]
+            other = http.get(f"/rollouts/{ro['rollout_id']}/v1/models").status_code
+    finally:
+        app.router.routes.extend(routes)
+    assert got == [200, 200, 200] and other == 404

@@ -412,9 +412,11 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
+    # the rollout routes that take POSTs, read from the table so the two cannot disagree
+    calls = "/rollouts/{rollout_id}/"
     app.router.middleware_stack = direct_posts(app.router.app, {
-        "v1/chat/completions": guard(chat_completions), "v1/responses": guard(responses),
-        "v1/messages": guard(messages, anthropic=True)})
+        r.path.removeprefix(calls): r.endpoint for r in app.routes
+        if isinstance(r, Route) and r.path.startswith(calls) and "POST" in (r.methods or ())})
     app.state.gateway = gw
     return app
 

@@ -143,12 +143,12 @@ class DeliveredResponse:
     gone before the last of them was written, or a send fails, `on_lost(why)` is called once the
     sending is over.
 
-    The watch is a task waiting on `receive()` for `http.disconnect` (`watch`: one the caller
-    started once the body was read, handed over here and cancelled after; else one of its own).
-    It is checked before each
-    message and right after the last: an ASGI server that completes the response wakes that task
-    only after `send` has returned, so a finished watch right after the last send means the
-    connection was lost while that send waited to write. Pieces bound how much of a large answer
+    The watch is a future done when the client is gone (`watch`: the caller's, handed over here
+    and cancelled after: the gateway protocol's own, resolved when the connection is lost, or a
+    task waiting on `receive()` for `http.disconnect`; else such a task of its own). It is
+    checked before each message and right after the last: neither finishes because the response
+    completed until after `send` has returned, so a finished watch right after the last send
+    means the connection was lost while that send waited to write. Pieces bound how much of a large answer
     can sit unsent in the server's buffer when the last piece is handed over."""
 
     def __init__(self, chunks: list[bytes], *, media_type: str, headers: dict[str, str],
