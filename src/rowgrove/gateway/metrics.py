@@ -47,6 +47,7 @@ class GatewayMetrics:
         r = self.registry
         self.calls = Counter("rowgrove_calls", "Calls by how they ended and their kind",
                              ("status", "kind"), registry=r)
+        self._ended: dict[tuple[str, str], Any] = {}
         self.engine_latency = Histogram("rowgrove_engine_latency_seconds",
                                         "Time in the engine per call", buckets=_LATENCY_BUCKETS, registry=r)
         self.gateway_latency = Histogram("rowgrove_gateway_latency_seconds",
@@ -67,7 +68,10 @@ class GatewayMetrics:
             self._rollouts.labels(status=status).set_function(_counter_of(rollouts, status))
 
     def call_ended(self, status: str, kind: str) -> None:
-        self.calls.labels(status=status, kind=kind).inc()
+        child = self._ended.get((status, kind))
+        if child is None:  # labels() checks and locks on every call; the few children are kept
+            child = self._ended[(status, kind)] = self.calls.labels(status=status, kind=kind)
+        child.inc()
 
     def render(self) -> bytes:
         """The registry in Prometheus' text exposition format."""

@@ -1,0 +1,110 @@
+"""The calls of one loop turn pass `Gateway.complete`'s stages together (`Gateway._next_stage`):
+all decide, then all write their pending rows, when other calls are in flight; a lone call
+never waits; and what a wait may change (the rollout finished, the server closing) is checked
+again after it, before anything is written."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fixtures_http import TestEngine, scripted_engine
+from rowgrove.errors import Conflict, Unavailable
+from rowgrove.gateway import sessions
+from rowgrove.gateway.dialects.openai_format import parse_chat_request, request_key
+from rowgrove.gateway.sessions import Gateway, GatewaySettings
+from rowgrove.ledger import Ledger
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    with Ledger(tmp_path / "g.db") as led:
+        yield Gateway(TestEngine(scripted_engine("tiny")), led, GatewaySettings())
+
+
+def _body(k: int) -> dict:
+    return {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": f"task {k}"}]}
+
+
+async def _call(gw: Gateway, session, k: int):
+    body = _body(k)
+    return await gw.complete(session, parse_chat_request(body), key=request_key(body), retry=False)
+
+
+def _record(gw: Gateway, monkeypatch) -> list[tuple[str, str]]:
+    """(stage, rollout id) in the order the calls reach `decide` and the pending write."""
+    events: list[tuple[str, str]] = []
+    decide = sessions.decide
+
+    def spied_decide(index, messages, *a, **kw):
+        events.append(("decide", messages[-1]["content"]))
+        return decide(index, messages, *a, **kw)
+
+    begin = gw.ledger.abegin_call
+
+    async def spied_begin(rollout_id, **kw):
+        events.append(("begin", rollout_id))
+        return await begin(rollout_id, **kw)
+
+    monkeypatch.setattr(sessions, "decide", spied_decide)
+    monkeypatch.setattr(gw.ledger, "abegin_call", spied_begin)
+    return events
+
+
+def test_calls_of_one_turn_decide_together_then_write_together(gateway, monkeypatch):
+    gw = gateway
+    events = _record(gw, monkeypatch)
+    ros = [gw.create_rollout(f"g{k}", None) for k in range(3)]
+
+    async def go():
+        gw.in_flight = 1  # another generation is in flight: the turn's calls go stage by stage
+        try:
+            return await asyncio.gather(*(_call(gw, gw.session(ro.id), k) for k, ro in enumerate(ros)))
+        finally:
+            gw.in_flight -= 1
+
+    done = asyncio.run(go())
+    assert [e[0] for e in events] == ["decide"] * 3 + ["begin"] * 3
+    assert [e[1] for e in events] == [f"task {k}" for k in range(3)] + [ro.id for ro in ros]
+    assert all(d.generated for d in done)
+    assert [len(gw.ledger.calls(ro.id)) for ro in ros] == [1, 1, 1]
+    assert gw.in_flight == 0
+
+
+def test_a_lone_call_does_not_wait(gateway, monkeypatch):
+    gw = gateway
+    events = _record(gw, monkeypatch)
+    ro = gw.create_rollout("g", None)
+
+    async def go():
+        task = asyncio.ensure_future(_call(gw, gw.session(ro.id), 0))
+        # runs after the call's first step: only if that step yielded before writing its row
+        asyncio.get_running_loop().call_soon(events.append, ("next turn", ""))
+        await task
+
+    asyncio.run(go())
+    assert [e[0] for e in events] == ["decide", "begin", "next turn"]
+
+
+@pytest.mark.parametrize("change, error", [("finished", Conflict), ("closing", Unavailable)])
+def test_what_changed_during_a_wait_is_refused_before_any_write(gateway, monkeypatch, change, error):
+    gw = gateway
+    ro = gw.create_rollout("g", None)
+    session = gw.session(ro.id)
+
+    def change_it() -> None:
+        if change == "finished":
+            session.finished = True
+        else:
+            gw.closing = True
+
+    async def go():
+        gw.in_flight = 1
+        task = asyncio.ensure_future(_call(gw, session, 0))
+        asyncio.get_running_loop().call_soon(change_it)  # while the call waits for the next stage
+        with pytest.raises(error):
+            await task
+
+    asyncio.run(go())
+    assert gw.ledger.calls(ro.id) == []
