@@ -62,19 +62,27 @@ def _answer(http: httpx.Client, method: str, path: str, body: object, key: str |
     return r.status_code, r.headers.get("location"), r.headers.get("allow"), data
 
 
+def _direct(app):
+    """The app's middleware stack as Starlette built it on its first request: the direct dispatch."""
+    if app.middleware_stack is None:
+        app.middleware_stack = app.build_middleware_stack()
+    direct = app.middleware_stack
+    assert hasattr(direct, "routed"), "create_app no longer installs the direct dispatch"
+    return direct
+
+
 def test_the_shortcut_answers_every_request_as_the_route_table_does(gw):
     app = gw.server.config.app
-    direct = app.router.middleware_stack
-    assert direct is not app.router.app, "create_app no longer installs the direct dispatch"
+    direct = _direct(app)
     got: dict[str, list] = {}
     with httpx.Client(base_url=gw.url, timeout=60, follow_redirects=False) as http:
-        for label, stack in (("direct", direct), ("table", app.router.app)):
-            app.router.middleware_stack = stack
+        for label, stack in (("direct", direct), ("table", direct.routed)):
+            app.middleware_stack = stack
             try:
                 ro, other = gw.create_rollout("g"), gw.create_rollout("g")
                 got[label] = [_answer(http, *case) for case in _cases(ro, other)]
             finally:
-                app.router.middleware_stack = direct
+                app.middleware_stack = direct
     statuses = [a[0] for a in got["direct"]]
     assert statuses[:3] == [200, 200, 200] and 404 in statuses and 405 in statuses
     for case, d, t in zip(_cases({"rollout_id": "ID", "api_key": "K"}, {"api_key": "O"}), got["direct"], got["table"]):
@@ -95,6 +103,7 @@ def test_the_shortcut_serves_the_three_call_routes_without_the_route_table(gw):
     """With the route table emptied, a rollout's chat, responses and messages POSTs still answer
     (the shortcut took them), while any other route finds nothing."""
     app = gw.server.config.app
+    _direct(app)
     ro = gw.create_rollout("g")
     routes = list(app.router.routes)
     app.router.routes.clear()
@@ -105,3 +114,37 @@ def test_the_shortcut_serves_the_three_call_routes_without_the_route_table(gw):
     finally:
         app.router.routes.extend(routes)
     assert got == [200, 200, 200] and other == 404
+
+
+def test_middleware_added_to_the_app_sees_the_call_routes_too(tmp_path):
+    """A middleware a user adds to the app before it serves (CORS, auth, logging) must see the
+    calls' routes as well: the shortcut is not installed past it."""
+    from starlette.middleware.base import BaseHTTPMiddleware
+
+    from rowgrove.gateway.app import create_app
+    from rowgrove.ledger import Ledger
+
+    seen: list[str] = []
+
+    async def record(request, call_next):
+        seen.append(request.url.path)
+        return await call_next(request)
+
+    with Ledger(tmp_path / "l.db") as ledger:
+        app = create_app(TestEngine(scripted_engine("tiny")), ledger)
+        app.add_middleware(BaseHTTPMiddleware, dispatch=record)
+        transport = httpx.ASGITransport(app=app)
+
+        async def go():
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+                ro = (await http.post("/v1/rollouts", json={"group_id": "g"})).json()
+                r = await http.post(f"/rollouts/{ro['rollout_id']}/v1/chat/completions", json=CHAT,
+                                    headers={"authorization": f"Bearer {ro['api_key']}"})
+                return ro, r
+
+        import asyncio
+
+        ro, r = asyncio.run(go())
+    assert r.status_code == 200, r.text
+    assert seen == ["/v1/rollouts", f"/rollouts/{ro['rollout_id']}/v1/chat/completions"]
+    assert not hasattr(app.middleware_stack, "routed")

@@ -43,6 +43,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from rowgrove.engines.base import Engine
 from rowgrove.errors import BadRequest, NotFound
@@ -58,7 +59,7 @@ from rowgrove.gateway.dialects.openai_format import (
     stream_events,
 )
 from rowgrove.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from rowgrove.gateway.protocol import GONE
+from rowgrove.gateway.protocol import BODY_DONE, GONE
 from rowgrove.gateway.responses import (
     JSON,
     DeliveredResponse,
@@ -110,8 +111,23 @@ async def _read_json(request: Request, gw: Gateway) -> Any:
     if gw.open_uploads >= cfg.max_open_uploads:
         raise TooManyUploads(f"{gw.open_uploads} request bodies are still arriving (--max-open-uploads "
                              f"{cfg.max_open_uploads}): retry after {cfg.retry_after:g} s", cfg.retry_after)
-    parts: list[bytes] = []
-    size = 0
+    if request.scope.get(BODY_DONE):
+        # the gateway's protocol holds the whole body: receive() answers without waiting, so
+        # there is nothing to time out (no timer armed) and nothing still arriving to count
+        message = await request.receive()
+        if message["type"] != "http.request":
+            raise ClientGone("the client disconnected while sending the request body")
+        raw = message.get("body", b"")
+        if len(raw) > limit:
+            raise BodyTooLarge(f"request body is over the limit of {limit} bytes: send less, or "
+                               "start the server with a larger --max-body-bytes")
+        if not message.get("more_body", False):
+            return load_json(raw, cfg.max_json_depth)
+        first: list[bytes] = [raw]  # not reached with uvicorn's cycle; read the rest as below
+    else:
+        first = []
+    parts: list[bytes] = first
+    size = sum(len(p) for p in parts)
     gw.open_uploads += 1
     try:
         async with asyncio.timeout(cfg.body_timeout):
@@ -414,21 +430,30 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
     )
     # the rollout routes that take POSTs, read from the table so the two cannot disagree
     calls = "/rollouts/{rollout_id}/"
-    app.router.middleware_stack = direct_posts(app.router.app, {
-        r.path.removeprefix(calls): r.endpoint for r in app.routes
-        if isinstance(r, Route) and r.path.startswith(calls) and "POST" in (r.methods or ())})
+    endpoints = {r.path.removeprefix(calls): r.endpoint for r in app.routes
+                 if isinstance(r, Route) and r.path.startswith(calls) and "POST" in (r.methods or ())}
+
+    def build_middleware_stack() -> ASGIApp:  # Starlette builds it on the first request
+        stack = Starlette.build_middleware_stack(app)
+        if app.user_middleware or getattr(app, "max_body_size", None) is not None:
+            return stack  # middleware added to the app sees every request: no shortcut past it
+        return direct_posts(stack, endpoints)
+
+    app.build_middleware_stack = build_middleware_stack  # type: ignore[method-assign]
     app.state.gateway = gw
     return app
 
 
-def direct_posts(routed: Callable[..., Awaitable[None]], endpoints: dict[str, Endpoint]) -> Callable[..., Awaitable[None]]:
-    """The router's dispatch (`routed`), with the calls' own routes taken first: a POST to
-    /rollouts/{rollout_id}/{route} with `route` in `endpoints` reaches that endpoint by one dict
-    lookup instead of matching the route table's patterns in turn (Starlette's routing and its
-    per-route exception wrapper were 5-7% of a call's CPU, bench/bench_gateway.py). The endpoint,
-    its `rollout_id` path parameter and the Request are the ones the route table gives, and an
-    error that escapes it meets the same exception middleware. Anything else is routed as before,
-    as is every path under a root_path."""
+def direct_posts(routed: ASGIApp, endpoints: dict[str, Endpoint]) -> ASGIApp:
+    """The app's middleware stack (`routed`: Starlette's error and exception middleware around the
+    router), with the calls' own routes taken first: a POST to /rollouts/{rollout_id}/{route}
+    with `route` in `endpoints` reaches that endpoint by one dict lookup instead of passing two
+    middleware layers (each wrapping every send) and matching the route table's patterns in
+    turn (together 5-9% of a call's CPU, bench/bench_gateway.py). The endpoint, its
+    `rollout_id` path parameter and the Request are the ones the route table gives; the
+    endpoints are `guard`ed, so every error of a request is answered as through the stack.
+    Anything else goes through `routed`, as does every path under a root_path. The dispatch
+    keeps `routed` as its `.routed`."""
     async def dispatch(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             path: str = scope["path"]
@@ -442,6 +467,7 @@ def direct_posts(routed: Callable[..., Awaitable[None]], endpoints: dict[str, En
                     return
         await routed(scope, receive, send)
 
+    dispatch.routed = routed  # type: ignore[attr-defined]
     return dispatch
 
 

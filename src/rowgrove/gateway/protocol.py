@@ -19,6 +19,8 @@ the layer below the app, where a request that cannot be parsed never reaches a r
   app watches for a client that leaves through it instead of a task of its own waiting on
   `receive()` for `http.disconnect` (the same moment: uvicorn sends that message from
   `connection_lost` too), one task fewer per call.
+- A request's scope says under `BODY_DONE` when its whole body has arrived: then the app's
+  `receive()` returns it at once, and the app reads it without arming its body timeout.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from rowgrove.gateway.dialects.openai_format import error_body
 log = logging.getLogger("rowgrove.gateway")
 
 GONE = "rowgrove.gone"  # the scope key of the future resolved when the request's connection is lost
+BODY_DONE = "rowgrove.body_done"  # the scope key set (True) once the request's whole body is buffered
 
 
 def error_response(status: int, message: str, code: str) -> bytes:
@@ -164,6 +167,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if type(self.cycle) is RequestResponseCycle:  # the cycle just built; its task has not run yet
             self.cycle.__class__ = OneWriteCycle
             self.cycle.scope[GONE] = self.loop.create_future()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and not cycle.more_body:  # uvicorn took the message as complete
+            cycle.scope[BODY_DONE] = True
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(400, f"malformed HTTP request ({msg.rstrip('.')}): send a valid HTTP/1.1 request",
