@@ -400,3 +400,23 @@ def test_a_writable_open_drops_the_indexes_inserts_paid_for_and_reads_still_sear
     assert not names & {"calls_by_rollout", "calls_by_request_key"}
     for plan in plans:
         assert "USING INDEX" in plan and "TEMP B-TREE" not in plan, plan
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.integers(-(2**31), 2**31 - 1) | st.booleans(), max_size=50),
+       xs=st.lists(st.floats(width=32, allow_nan=False) | st.floats(allow_nan=False, allow_infinity=True)
+                   | st.integers(-(2**24), 2**24), max_size=50))
+def test_packing_a_list_gives_the_bytes_numpy_gives(ids, xs):
+    """A list packs without numpy (`array`); the bytes are numpy's little-endian int32/float32."""
+    assert pack_ids(ids) == np.asarray(ids, dtype="<i4").tobytes()
+    with np.errstate(over="ignore"):
+        expected = np.asarray(xs, dtype="<f4").tobytes()
+    assert pack_floats(xs) == expected
+
+
+def test_packing_what_array_refuses_falls_back_to_numpy():
+    assert pack_ids([1.7, 2]) == np.asarray([1.7, 2], dtype="<i4").tobytes()  # numpy truncates
+    with pytest.raises(OverflowError):
+        pack_ids([2**40])  # out of int32: numpy's error, as before
+    with np.errstate(over="ignore"):
+        assert pack_floats([1e300]) == np.asarray([1e300], dtype="<f4").tobytes()  # inf, as before

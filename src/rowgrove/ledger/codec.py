@@ -5,7 +5,9 @@ time they were made."""
 from __future__ import annotations
 
 import secrets
+import sys
 import time
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +28,17 @@ def ordered_hex(n: int) -> str:
     return f"{time.time_ns() // 1000:013x}{secrets.token_hex((n - 12) // 2)}"[:n]
 
 
+# a list (ids from a tokenizer or an engine, logprobs) packs through `array` without a numpy
+# round trip; anything else, or a value array refuses, goes through numpy as before
+_ARRAY_OK = sys.byteorder == "little" and array("i").itemsize == 4 and array("f").itemsize == 4
+
+
 def pack_ids(ids: Sequence[int] | np.ndarray) -> bytes:
+    if _ARRAY_OK and type(ids) is list:
+        try:
+            return array("i", ids).tobytes()
+        except (TypeError, OverflowError):
+            pass
     return np.asarray(ids, dtype="<i4").tobytes()
 
 
@@ -35,6 +47,11 @@ def unpack_ids(blob: bytes | None) -> np.ndarray:
 
 
 def pack_floats(xs: Sequence[float] | np.ndarray) -> bytes:
+    if _ARRAY_OK and type(xs) is list:
+        try:
+            return array("f", xs).tobytes()
+        except (TypeError, OverflowError):
+            pass
     return np.asarray(xs, dtype="<f4").tobytes()
 
 
