@@ -130,3 +130,19 @@ def test_scripted_update_weights_moves_the_versions_of_later_calls(tmp_path):
             assert [c["weight_version"] for c in handle.lineage(ro["rollout_id"])["calls"]] == [[0, 0], [1, 1]]
     finally:
         asyncio.run(eng.aclose())
+
+
+@pytest.mark.parametrize("before, expected", [
+    (0, ([0, 0, 0], None)),
+    (7, ([7, 7, 7], None)),
+    (-1, ([], "versions must be ints in [0, 2**31), got [-1]")),
+    (True, ([], "versions must be ints in [0, 2**31), got [True]")),
+    (2**31, ([], "versions must be ints in [0, 2**31), got [2147483648]")),
+])
+def test_an_engine_without_versions_gives_each_token_the_version_it_held(before, expected):
+    from rowgrove.gateway.sessions import call_weight_versions
+
+    gen = Generation(token_ids=[5, 6, 7], logprobs=[0.0] * 3, finish_reason="stop")
+    assert call_weight_versions(gen, before) == expected
+    empty = Generation(token_ids=[], logprobs=[], finish_reason="length")
+    assert call_weight_versions(empty, before) == ([], None)

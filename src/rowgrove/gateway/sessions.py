@@ -526,13 +526,22 @@ def call_weight_versions(gen: Any, version_before: int) -> tuple[list[int], str 
     is not an int in [0, 2**31) (the ledger stores int32), gives ([], what is wrong)."""
     n = len(gen.token_ids)
     given = getattr(gen, "weight_versions", None)
+    if given is None and n:  # one version on every token: checked once
+        vs = [version_before]
+        problem = _bad_versions(vs)
+        return ([], problem) if problem else ([int(version_before)] * n, None)
     vs = [version_before] * n if given is None else list(given)
     if len(vs) != n:
         return [], f"{len(vs)} versions for {n} sampled tokens"
-    bad = [v for v in vs if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= v < 2**31]
-    if bad:
-        return [], f"versions must be ints in [0, 2**31), got {bad[:3]}"
+    problem = _bad_versions(vs)
+    if problem:
+        return [], problem
     return [int(v) for v in vs], None
+
+
+def _bad_versions(vs: list[Any]) -> str | None:
+    bad = [v for v in vs if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= v < 2**31]
+    return f"versions must be ints in [0, 2**31), got {bad[:3]}" if bad else None
 
 
 def _consume_exception(fut: asyncio.Future) -> None:
