@@ -59,6 +59,7 @@ from rowgrove.gateway.dialects.openai_format import (
     completion_body,
     logprobs_content,
 )
+from rowgrove.gateway.deadlines import Deadlines
 from rowgrove.gateway.metrics import GatewayMetrics, call_kind
 from rowgrove.gateway.core.render import Renderer
 from rowgrove.ledger import Ledger
@@ -135,6 +136,7 @@ class Gateway:
         self.max_context = model_context_length(self.tokenizer, engine)
         self.vocab_size = int(getattr(engine, "vocab_size", None) or len(self.tokenizer))
         self.sessions: dict[str, RolloutSession] = {}
+        self.deadlines = Deadlines()
         self.in_flight = 0
         self.open_uploads = 0
         self.closing = False
@@ -410,8 +412,9 @@ class Gateway:
         t0 = time.perf_counter()
         try:
             # on timeout the engine's coroutine is cancelled: the engine drops the request (awaited
-            # in this task, not wrapped in one of its own as wait_for does before Python 3.12)
-            async with asyncio.timeout(self.settings.engine_timeout):
+            # in this task, not wrapped in one of its own as wait_for does before Python 3.12);
+            # the deadline is a coarse shared one (gateway.deadlines: no loop timer per call)
+            async with self.deadlines.timeout(self.settings.engine_timeout):
                 gen = await self.engine.generate(plan.full_prompt_ids, req.sampling, hints=hints)
         except asyncio.CancelledError as e:
             why = " ".join(str(a) for a in e.args) or "request cancelled"
