@@ -3,11 +3,14 @@ prometheus_client's parser and compared with what the test made happen."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 import httpx
 import openai
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -140,3 +143,56 @@ def test_a_closed_ledger_does_not_break_a_scrape():
                        rollouts=lambda s: (_ for _ in ()).throw(RuntimeError("closed")))
     s = _samples(m.render().decode())
     assert _get(s, "rowgrove_rollouts", status="open") != _get(s, "rowgrove_rollouts", status="open")  # NaN
+
+
+def _masked(text: bytes) -> str:
+    """The exposition with the `_created` timestamps masked (they differ between two registries)."""
+    return re.sub(r"(_created(\{[^}]*\})?) \S+", r"\1 T", text.decode())
+
+
+@settings(max_examples=50, deadline=None)
+@given(engine=st.lists(st.floats(0, 1000, allow_nan=False) | st.sampled_from([0.001, 0.0025, 600.0, 1e9])),
+       gateway=st.lists(st.floats(0, 1000, allow_nan=False)),
+       ended=st.lists(st.tuples(st.sampled_from(["completed", "failed", "aborted", "undelivered"]),
+                                st.sampled_from(["root", "continuation", "history_drift"]))),
+       in_progress=st.integers(0, 5))
+def test_the_loop_metrics_expose_what_prometheus_clients_own_would(engine, gateway, ended, in_progress):
+    """The gateway keeps its per-call figures as plain numbers (metrics.LoopHistogram, ...): the
+    scrape must read exactly as prometheus_client's Histogram, Counter and Gauge would."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    from rowgrove.gateway.metrics import _LATENCY_BUCKETS
+
+    ours = GatewayMetrics(in_flight=lambda: 2, open_uploads=lambda: 0, queue_capacity=8, rollouts=lambda s: 1)
+    ref = CollectorRegistry(auto_describe=True)
+    calls = Counter("rowgrove_calls", "Calls by how they ended and their kind", ("status", "kind"), registry=ref)
+    eng = Histogram("rowgrove_engine_latency_seconds", "Time in the engine per call", buckets=_LATENCY_BUCKETS,
+                    registry=ref)
+    gw = Histogram("rowgrove_gateway_latency_seconds", "Chat completion time in the gateway, request to committed "
+                   "answer (engine included)", buckets=_LATENCY_BUCKETS, registry=ref)
+    rejected = Counter("rowgrove_rejected_requests", "Requests answered with an error status", ("status",),
+                       registry=ref)
+    Gauge("rowgrove_generations_in_flight", "Generations being sampled (bounded by --max-queue)",
+          registry=ref).set_function(lambda: 2)
+    Gauge("rowgrove_queue_capacity", "The most generations in flight at once (--max-queue)", registry=ref).set(8)
+    progress = Gauge("rowgrove_requests_in_progress", "HTTP requests being handled", registry=ref)
+    Gauge("rowgrove_open_uploads", "Requests whose body is still being read (--max-open-uploads)",
+          registry=ref).set_function(lambda: 0)
+    rollouts = Gauge("rowgrove_rollouts", "Rollouts in the ledger by status", ("status",), registry=ref)
+    for status in ("open", "finished"):
+        rollouts.labels(status=status).set_function(lambda: 1.0)
+    for x in engine:
+        ours.engine_latency.observe(x)
+        eng.observe(x)
+    for x in gateway:
+        ours.gateway_latency.observe(x)
+        gw.observe(x)
+    for status, kind in ended:
+        ours.call_ended(status, kind)
+        calls.labels(status=status, kind=kind).inc()
+    for _ in range(in_progress):
+        ours.requests_in_progress.inc()
+        progress.inc()
+    ours.rejected.labels(status="400").inc()
+    rejected.labels(status="400").inc()
+    assert _masked(ours.render()) == _masked(generate_latest(ref))
