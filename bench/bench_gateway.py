@@ -33,6 +33,10 @@ a saturated process, also kept); server-side and end-to-end p50/p99, and latency
 gateways run as `rowgrove serve` runs them (`make_server`). The two trees alternate, three times
 each, and the medians are kept (the machine's load drifts: other processes share it).
 
+`--paired TREE [--bursts N]` measures only the CPU per call at 32 concurrent rollouts of TREE's
+gateway and this one's, both served at once and driven in N short alternating bursts: the median
+of the per-burst ratios (printed, not written) is steadier than whole runs on a drifting host.
+
 `--dialects-before SRC` measures only the cost of the request dialects instead
 (bench/results/gateway_dialects.json): the same conversation over Chat Completions on the gateway
 of an earlier source tree SRC and on this one, and over the Responses and Messages routes on this
@@ -564,6 +568,49 @@ def dialects_main(before_src: str, quick: bool) -> dict[str, Any]:
     return results
 
 
+def paired(tree: str, bursts: int, quick: bool) -> dict[str, Any]:
+    """`--paired TREE`: the CPU per call at 32 concurrent rollouts of TREE's gateway and this
+    one's, both served at once and driven in short alternating bursts (64 rollouts of 16 calls;
+    the order flips each burst). The host's speed drifts within minutes on these machines; two
+    bursts seconds apart see nearly the same host, so the median of the per-burst ratios moves
+    far less than whole runs do. Prints the figures; writes nothing."""
+    src = str(Path(tree).resolve() / "src")
+    if not (Path(src) / "rowgrove" / "gateway" / "app.py").is_file():
+        raise SystemExit(f"--paired {tree}: not a source tree with src/rowgrove in it")
+    rollouts, n = (16, min(bursts, 4)) if quick else (64, bursts)
+    per: dict[str, list[float]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="rowgrove-bench-pair-") as tmp:
+        servers = {"before": Server("gateway", f"{tmp}/before.db", env={"PYTHONPATH": src}),
+                   "after": Server("gateway", f"{tmp}/after.db")}
+
+        async def go() -> None:
+            for server in servers.values():
+                await drive(server.port, 64, 32, 2)  # warm-up
+            for k in range(n):
+                for label in ("before", "after") if k % 2 == 0 else ("after", "before"):
+                    server = servers[label]
+                    cpu = server.cpu_s()
+                    res = await drive(server.port, rollouts, 32, 16)
+                    per[label].append((server.cpu_s() - cpu) * 1000 / res["requests"])
+
+        import uvloop
+
+        try:
+            uvloop.run(go())
+        finally:
+            for server in servers.values():
+                server.close()
+    ratios = [a / b for a, b in zip(per["after"], per["before"], strict=True)]
+    out = {"bursts": n, "rollouts_per_burst": rollouts, "before": tree,
+           "cpu_ms_per_call_before": round(float(np.median(per["before"])), 4),
+           "cpu_ms_per_call_after": round(float(np.median(per["after"])), 4),
+           "after_over_before_median": round(float(np.median(ratios)), 3),
+           "after_over_before_quartiles": [round(float(q), 3) for q in np.percentile(ratios, [25, 75])],
+           "quick": quick}
+    print(json.dumps(out, indent=1))
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
@@ -572,6 +619,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "Responses and Messages on this one")
     p.add_argument("--before", metavar="TREE",
                    help="only the per-call cost: the gateway of source tree TREE against this one, alternating")
+    p.add_argument("--paired", metavar="TREE",
+                   help="only the CPU per call at c=32: TREE's gateway and this one's served at once, in short "
+                        "alternating bursts; prints the median per-burst ratio (writes nothing)")
+    p.add_argument("--bursts", type=int, default=40, help="with --paired: how many bursts of each (default 40)")
     p.add_argument("--out", metavar="FILE", help="with --before: where the figures go "
                    "(default bench/results/gateway_before_after.json)")
     p.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "LEDGER"), help=argparse.SUPPRESS)
@@ -587,6 +638,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return dialects_main(args.dialects_before, args.quick)
     if args.before:
         return before_after(args.before, args.quick, args.out)
+    if args.paired:
+        return paired(args.paired, args.bursts, args.quick)
     q = args.quick
     with tempfile.TemporaryDirectory(prefix="rowgrove-bench-gw-") as tmp:
         results = {
