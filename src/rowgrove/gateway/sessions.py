@@ -16,7 +16,9 @@ Ordering promises kept here:
 
 Concurrency: everything here runs on the server's one event loop. The per-rollout index is read
 and updated only between awaits, so concurrent calls of one rollout each see a consistent index
-and find their own parent; no lock is needed beyond the loop itself. Ledger writes are short
+and find their own parent; no lock is needed beyond the loop itself. Under load a call yields the
+loop after its checks and after `decide` (`_next_stage`), so the calls of one turn pass those
+stages together; what a yield may change is checked again before the pending write. Ledger writes are short
 SQLite transactions made directly on the loop (well under a millisecond each in WAL mode).
 """
 
