@@ -33,13 +33,17 @@ def ordered_hex(n: int) -> str:
 _ARRAY_OK = sys.byteorder == "little" and array("i").itemsize == 4 and array("f").itemsize == 4
 
 
-def pack_ids(ids: Sequence[int] | np.ndarray) -> bytes:
-    if _ARRAY_OK and type(ids) is list:
+def _pack(xs: Sequence[Any] | np.ndarray, code: str, dtype: str) -> bytes:
+    if _ARRAY_OK and type(xs) is list:
         try:
-            return array("i", ids).tobytes()
+            return array(code, xs).tobytes()
         except (TypeError, OverflowError):
             pass
-    return np.asarray(ids, dtype="<i4").tobytes()
+    return np.asarray(xs, dtype=dtype).tobytes()
+
+
+def pack_ids(ids: Sequence[int] | np.ndarray) -> bytes:
+    return _pack(ids, "i", "<i4")
 
 
 def unpack_ids(blob: bytes | None) -> np.ndarray:
@@ -47,12 +51,7 @@ def unpack_ids(blob: bytes | None) -> np.ndarray:
 
 
 def pack_floats(xs: Sequence[float] | np.ndarray) -> bytes:
-    if _ARRAY_OK and type(xs) is list:
-        try:
-            return array("f", xs).tobytes()
-        except (TypeError, OverflowError):
-            pass
-    return np.asarray(xs, dtype="<f4").tobytes()
+    return _pack(xs, "f", "<f4")
 
 
 def unpack_floats(blob: bytes | None) -> np.ndarray:

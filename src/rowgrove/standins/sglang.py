@@ -55,11 +55,11 @@ from rowgrove.standins.sglang_control import ControlRoutes
 from rowgrove.standins.sglang_output import GenerateOutput, finish_abort, CutBody, CutStream, sglang_dumps, error_events
 from rowgrove.standins.sglang_request import (
     GenerateParsing,
-    bad_request,
     native_error,
     http_error,
     GenerateRun,
     UnknownKey,
+    json_body,
 )
 
 QUEUE_FULL = "The request queue is full."
@@ -108,12 +108,9 @@ class _SGLangStandin(GenerateParsing, GenerateOutput, ControlRoutes):
 
     async def generate(self, request: Request) -> Response:
         """POST|PUT /generate (`generate_request` [HS-new]; body `GenerateReqInput` [IO])."""
-        try:
-            obj = await request.json()
-        except ValueError:
-            return bad_request("the body is not JSON")
-        if not isinstance(obj, dict):
-            return bad_request("the body must be a JSON object (GenerateReqInput)")
+        obj = await json_body(request, strict=False, kind="GenerateReqInput")
+        if isinstance(obj, Response):
+            return obj
         self.state.requests.append(obj)
         fault = self.state.take_fault()
         if fault in ("500", "502"):

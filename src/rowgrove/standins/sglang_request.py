@@ -168,9 +168,9 @@ class GenerateParsing:
                     images=decoded)
 
 
-async def json_body(request: Request, *, strict: bool = True) -> dict[str, Any] | Response:
+async def json_body(request: Request, *, strict: bool = True, kind: str = "") -> dict[str, Any] | Response:
     """The JSON object body; the OpenAI-style routes (`strict`) also need the JSON content type
-    [HS-new `validate_json_request`]."""
+    [HS-new `validate_json_request`]. `kind`: the body's type, named when it is not an object."""
     if strict and "application/json" not in request.headers.get("content-type", ""):
         return bad_request("Unsupported Media Type: Only 'application/json' is allowed")
     try:
@@ -178,5 +178,5 @@ async def json_body(request: Request, *, strict: bool = True) -> dict[str, Any] 
     except ValueError:
         return bad_request("the body is not JSON")
     if not isinstance(obj, dict):
-        return bad_request("the body must be a JSON object")
+        return bad_request(f"the body must be a JSON object{f' ({kind})' if kind else ''}")
     return obj
