@@ -80,7 +80,7 @@ from rowgrove.gateway.sessions import (
 )
 from rowgrove.ledger import Ledger
 
-__all__ = ["DeliveredResponse", "GatewaySettings", "create_app", "error_response"]
+__all__ = ["DeliveredResponse", "GatewayApp", "GatewaySettings", "create_app", "error_response"]
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -111,41 +111,42 @@ async def _read_json(request: Request, gw: Gateway) -> Any:
     if gw.open_uploads >= cfg.max_open_uploads:
         raise TooManyUploads(f"{gw.open_uploads} request bodies are still arriving (--max-open-uploads "
                              f"{cfg.max_open_uploads}): retry after {cfg.retry_after:g} s", cfg.retry_after)
+    parts: list[bytes] = []
+    more = True
     if request.scope.get(BODY_DONE):
         # the gateway's protocol holds the whole body: receive() answers without waiting, so
         # there is nothing to time out (no timer armed) and nothing still arriving to count
         message = await request.receive()
         if message["type"] != "http.request":
             raise ClientGone("the client disconnected while sending the request body")
-        raw = message.get("body", b"")
-        if len(raw) > limit:
-            raise BodyTooLarge(f"request body is over the limit of {limit} bytes: send less, or "
-                               "start the server with a larger --max-body-bytes")
-        if not message.get("more_body", False):
-            return load_json(raw, cfg.max_json_depth)
-        first: list[bytes] = [raw]  # not reached with uvicorn's cycle; read the rest as below
-    else:
-        first = []
-    parts: list[bytes] = first
-    size = sum(len(p) for p in parts)
-    gw.open_uploads += 1
-    try:
-        async with asyncio.timeout(cfg.body_timeout):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise BodyTooLarge(f"request body is over the limit of {limit} bytes: send less, or "
-                                       "start the server with a larger --max-body-bytes")
-                parts.append(chunk)
-    except TimeoutError:
-        raise BodyTimeout(f"the request body did not arrive within {cfg.body_timeout:g} s ({size} bytes "
-                          "read): send it at once, or start the server with a larger --body-timeout") from None
-    except ClientDisconnect:
-        raise ClientGone("the client disconnected while sending the request body") from None
-    finally:
-        gw.open_uploads -= 1
+        parts.append(message.get("body", b""))
+        more = message.get("more_body", False)  # False: what BODY_DONE promises
+    size = sum(map(len, parts))
+    if size > limit:
+        raise _too_large(limit)
+    if more:
+        gw.open_uploads += 1
+        try:
+            async with asyncio.timeout(cfg.body_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_large(limit)
+                    parts.append(chunk)
+        except TimeoutError:
+            raise BodyTimeout(f"the request body did not arrive within {cfg.body_timeout:g} s ({size} bytes "
+                              "read): send it at once, or start the server with a larger --body-timeout") from None
+        except ClientDisconnect:
+            raise ClientGone("the client disconnected while sending the request body") from None
+        finally:
+            gw.open_uploads -= 1
     raw = parts[0] if len(parts) == 1 else b"".join(parts)
     return load_json(raw, cfg.max_json_depth)
+
+
+def _too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"request body is over the limit of {limit} bytes: send less, or start the server "
+                        "with a larger --max-body-bytes")
 
 
 def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | None = None) -> Starlette:
@@ -161,7 +162,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
 
     def guard(fn: Endpoint, *, anthropic: bool = False) -> Endpoint:
         async def endpoint(request: Request) -> Response:
-            metrics.requests_in_progress.inc()
+            metrics.requests_in_progress += 1
             try:
                 return await fn(request)
             except ClientGone:
@@ -175,7 +176,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                     log_failure(request, response.status_code, e)
                 return response
             finally:
-                metrics.requests_in_progress.dec()
+                metrics.requests_in_progress -= 1
 
         endpoint.__name__ = fn.__name__
         return endpoint
@@ -409,7 +410,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                 await release()
 
     started = int(time.time())
-    app = Starlette(
+    app = GatewayApp(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/metrics", guard(metrics_route), methods=["GET"]),
@@ -428,20 +429,22 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
-    # the rollout routes that take POSTs, read from the table so the two cannot disagree
-    calls = "/rollouts/{rollout_id}/"
-    endpoints = {r.path.removeprefix(calls): r.endpoint for r in app.routes
-                 if isinstance(r, Route) and r.path.startswith(calls) and "POST" in (r.methods or ())}
-
-    def build_middleware_stack() -> ASGIApp:  # Starlette builds it on the first request
-        stack = Starlette.build_middleware_stack(app)
-        if app.user_middleware or getattr(app, "max_body_size", None) is not None:
-            return stack  # middleware added to the app sees every request: no shortcut past it
-        return direct_posts(stack, endpoints)
-
-    app.build_middleware_stack = build_middleware_stack  # type: ignore[method-assign]
     app.state.gateway = gw
     return app
+
+
+class GatewayApp(Starlette):
+    """Starlette, with the calls' own routes dispatched ahead of its middleware stack
+    (`direct_posts`) unless middleware was added to the app: that must see every request."""
+
+    def build_middleware_stack(self) -> ASGIApp:  # Starlette builds it on the first request
+        stack = super().build_middleware_stack()
+        if self.user_middleware or self.max_body_size is not None:
+            return stack
+        # the rollout routes that take POSTs, read from the table so the two cannot disagree
+        calls = "/rollouts/{rollout_id}/"
+        return direct_posts(stack, {r.path.removeprefix(calls): r.endpoint for r in self.routes
+                                    if isinstance(r, Route) and r.path.startswith(calls) and "POST" in (r.methods or ())})
 
 
 def direct_posts(routed: ASGIApp, endpoints: dict[str, Endpoint]) -> ASGIApp:
