@@ -191,7 +191,7 @@ def test_the_loop_metrics_expose_what_prometheus_clients_own_would(engine, gatew
         ours.call_ended(status, kind)
         calls.labels(status=status, kind=kind).inc()
     for _ in range(in_progress):
-        ours.requests_in_progress.inc()
+        ours.requests_in_progress += 1
         progress.inc()
     ours.rejected.labels(status="400").inc()
     rejected.labels(status="400").inc()

@@ -22,9 +22,9 @@ from types import TracebackType
 class _Slot:
     __slots__ = ("entries", "handle")
 
-    def __init__(self) -> None:
+    def __init__(self, handle: asyncio.TimerHandle) -> None:
         self.entries: set[Deadline] = set()
-        self.handle: asyncio.TimerHandle | None = None
+        self.handle = handle
 
 
 class Deadline:
@@ -54,12 +54,12 @@ class Deadlines:
             self._loop, self._slots = loop, {}
         if not math.isfinite(delay):
             return Deadline(self, math.inf, callback)  # never fires
-        tick = min(max(delay, 0.0) / 16, 1.0) or 1e-3
-        when = math.ceil((loop.time() + max(delay, 0.0)) / tick) * tick
+        delay = max(delay, 0.0)
+        tick = min(delay / 16, 1.0) or 1e-3
+        when = math.ceil((loop.time() + delay) / tick) * tick
         slot = self._slots.get(when)
         if slot is None:
-            slot = self._slots[when] = _Slot()
-            slot.handle = loop.call_at(when, self._fire, when)
+            slot = self._slots[when] = _Slot(loop.call_at(when, self._fire, when))
         entry = Deadline(self, when, callback)
         slot.entries.add(entry)
         return entry
@@ -76,8 +76,7 @@ class Deadlines:
         slot.entries.discard(entry)
         if not slot.entries:
             del self._slots[entry._when]
-            if slot.handle is not None:
-                slot.handle.cancel()
+            slot.handle.cancel()
 
     def _fire(self, when: float) -> None:
         slot = self._slots.pop(when, None)

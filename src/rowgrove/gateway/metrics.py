@@ -109,19 +109,6 @@ class LoopCounter:
     describe = collect
 
 
-class LoopGauge:
-    """A gauge changed only on the event loop (`inc`, `dec`), read at scrape time."""
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def inc(self) -> None:
-        self.value += 1
-
-    def dec(self) -> None:
-        self.value -= 1
-
-
 class GatewayMetrics:
     """The metrics of one gateway, in their own `CollectorRegistry` (`.registry`)."""
 
@@ -144,9 +131,9 @@ class GatewayMetrics:
               registry=r).set_function(in_flight)
         Gauge("rowgrove_queue_capacity", "The most generations in flight at once (--max-queue)",
               registry=r).set(queue_capacity)
-        self.requests_in_progress = LoopGauge()
+        self.requests_in_progress = 0  # HTTP requests being handled: the app counts them on the loop
         Gauge("rowgrove_requests_in_progress", "HTTP requests being handled",
-              registry=r).set_function(lambda: self.requests_in_progress.value)
+              registry=r).set_function(lambda: self.requests_in_progress)
         Gauge("rowgrove_open_uploads", "Requests whose body is still being read (--max-open-uploads)",
               registry=r).set_function(open_uploads)
         self._rollouts = Gauge("rowgrove_rollouts", "Rollouts in the ledger by status", ("status",), registry=r)

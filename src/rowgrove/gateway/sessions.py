@@ -18,8 +18,9 @@ Concurrency: everything here runs on the server's one event loop. The per-rollou
 and updated only between awaits, so concurrent calls of one rollout each see a consistent index
 and find their own parent; no lock is needed beyond the loop itself. Under load a call yields the
 loop after its checks and after `decide` (`_next_stage`), so the calls of one turn pass those
-stages together; what a yield may change is checked again before the pending write. Ledger writes are short
-SQLite transactions made directly on the loop (well under a millisecond each in WAL mode).
+stages together; what a yield may change is checked again before the pending write. Ledger
+writes are short SQLite transactions made directly on the loop (well under a millisecond each in
+WAL mode).
 """
 
 from __future__ import annotations
@@ -300,8 +301,7 @@ class Gateway:
                 return Completion(original, str(original.get("id", "")), generated=False)
             if session.finished:
                 raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
-        if await self._next_stage():  # the request's checks done; decide with the turn's other calls
-            self._check_callable(session)
+        await self._next_stage(session)  # the request's checks done; decide with the turn's other calls
         index = self._index(session)
         messages, images = req.messages, NO_IMAGES
         vision = self.renderer.vision
@@ -316,8 +316,7 @@ class Gateway:
             raise BadRequest(f"the {getattr(self.engine, 'kind', 'configured')} engine does not pass images to its "
                              "server: serve a vision model with --engine sglang, hf or scripted", param="messages")
         req = self._fit_context(req, len(plan.full_prompt_ids))
-        if await self._next_stage():  # decided; write pending with the turn's other calls
-            self._check_callable(session)
+        await self._next_stage(session)  # decided; write pending with the turn's other calls
         if self.in_flight >= self.settings.max_queue:
             raise Overloaded(
                 f"{self.in_flight} generations in flight (max_queue {self.settings.max_queue}): retry "
@@ -370,20 +369,19 @@ class Gateway:
             raise Unavailable("the gateway is shutting down: retry on a running server",
                               self.settings.retry_after)
 
-    async def _next_stage(self) -> bool:
-        """Yield the loop once when other calls are in flight (True then), so that the calls which
+    async def _next_stage(self, session: RolloutSession) -> None:
+        """Yield the loop once when other calls are in flight, so that the calls which
         arrived in one loop turn pass each stage of `complete` together: all check their requests,
         then all render and tokenize (`decide`), then all write their pending rows, rather than
         each running every stage in turn. A stage's code (MiniJinja, the tokenizer, SQLite) then
         runs from a warm CPU cache for the turn's calls after the first: at 32 concurrent rollouts
         this cut the gateway's CPU per call by about 8% (bench/bench_gateway.py), where the
         renderer and tokenizer spent 3-4x their warm time. A lone call (nothing else in flight)
-        does not wait. The caller re-checks what the wait may have changed (the rollout finished,
-        the server closing)."""
-        if not self.in_flight:
-            return False
-        await asyncio.sleep(0)
-        return True
+        does not wait. What the wait may have changed (the rollout finished, the server closing)
+        is checked again after it."""
+        if self.in_flight:
+            await asyncio.sleep(0)
+            self._check_callable(session)
 
     def undelivered(self, session: RolloutSession, call_id: str, why: str) -> bool:
         """Record that the response of completed call `call_id` did not reach the client in full:
