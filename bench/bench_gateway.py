@@ -473,12 +473,18 @@ def parse_cost(before_src: str, turns: tuple[int, ...], number: int) -> dict[str
     return out
 
 
-def before_after(tree: str, quick: bool, out: str | None = None) -> dict[str, Any]:
-    """`--before TREE`: the gateway of TREE and of this tree, alternating (module docstring)."""
+def _tree_src(flag: str, tree: str) -> str:
+    """The `src` folder of the source tree `tree` given to `flag`; SystemExit naming it if none."""
     src = str(Path(tree).resolve() / "src")
     if not (Path(src) / "rowgrove" / "gateway" / "app.py").is_file():
-        raise SystemExit(f"--before {tree}: not a source tree with src/rowgrove in it "
+        raise SystemExit(f"{flag} {tree}: not a source tree with src/rowgrove in it "
                          "(e.g. git worktree add /tmp/rowgrove-before <commit>)")
+    return src
+
+
+def before_after(tree: str, quick: bool, out: str | None = None) -> dict[str, Any]:
+    """`--before TREE`: the gateway of TREE and of this tree, alternating (module docstring)."""
+    src = _tree_src("--before", tree)
     results: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "load_avg_at_start": round(os.getloadavg()[0], 2)},
@@ -574,9 +580,7 @@ def paired(tree: str, bursts: int, quick: bool) -> dict[str, Any]:
     the order flips each burst). The host's speed drifts within minutes on these machines; two
     bursts seconds apart see nearly the same host, so the median of the per-burst ratios moves
     far less than whole runs do. Prints the figures; writes nothing."""
-    src = str(Path(tree).resolve() / "src")
-    if not (Path(src) / "rowgrove" / "gateway" / "app.py").is_file():
-        raise SystemExit(f"--paired {tree}: not a source tree with src/rowgrove in it")
+    src = _tree_src("--paired", tree)
     rollouts, n = (16, min(bursts, 4)) if quick else (64, bursts)
     per: dict[str, list[float]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="rowgrove-bench-pair-") as tmp:
