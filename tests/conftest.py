@@ -1,19 +1,17 @@
 """Suite-wide: one line at the end of a run saying how many real-template tests were skipped.
 
 The conformance matrix, the model-family, parser and agent-framework tests run on the families'
-real chat templates, read from `$ROWGROVE_TEMPLATES` (tests/families.py `templates_dir`). Without
-them those tests skip, every one with a reason that starts with `TEMPLATES_SKIP`, so a run can
-count them and say how to get the templates (scripts/fetch_templates.py).
+real chat templates, read only through tests/realfiles.py. Without them those tests skip, every
+one with a reason that starts with `TEMPLATES_SKIP`, so a run can count them and say how to get
+the templates (scripts/fetch_templates.py).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
-
-TEMPLATES_SKIP = "real chat templates not found"
+from realfiles import TEMPLATES_SKIP, templates_dir
 
 
 def _skip_reason(report: Any) -> str:
@@ -53,12 +51,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def _write_templates_line(terminalreporter: Any, reports: list[Any]) -> None:
-    try:
-        from families import templates_dir  # tests/ is on sys.path (this file's folder)
-
-        folder = str(templates_dir())
-    except Exception:  # noqa: BLE001 - the line must not break a run's summary
-        folder = os.environ.get("ROWGROVE_TEMPLATES") or "the templates folder"
-    line = templates_skip_line(reports, folder)
+    line = templates_skip_line(reports, str(templates_dir()))
     if line:
         terminalreporter.write_line(line)

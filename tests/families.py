@@ -1,7 +1,7 @@
 """Test data: the model families people train, as tiny offline Hugging Face folders.
 
-One `Family` per real chat template in the shared templates folder (`$ROWGROVE_TEMPLATES`, else
-`<repo>/../shared/templates`; see its SOURCES.md): its special and added tokens, its eos list as
+One `Family` per real chat template (read through tests/realfiles.py, which skips a test whose
+template is absent; see the templates folder's SOURCES.md): its special and added tokens, its eos list as
 the real generation_config.json has it, its bos, and `native()`, the text the model SAMPLES after
 the generation prompt in that family's own format, stop token included. `family_model_dir(name)`
 builds the tiny model of a family (rowgrove.model.family) under the cache root, once.
@@ -37,20 +37,15 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from realfiles import require_templates, template_text
+
 from rowgrove.model.family import build_family_model, family_config_hash
 from rowgrove.model.tiny import cache_root
-
-
-def templates_dir() -> Path:
-    """The folder of real chat templates: $ROWGROVE_TEMPLATES, else <repo>/../shared/templates."""
-    env = os.environ.get("ROWGROVE_TEMPLATES")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "templates"
 
 
 def tool_call_id(i: int) -> str:
@@ -102,12 +97,9 @@ class Family:
     thinking_kwargs: tuple[tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]] = ((), ())
     _native: Callable[..., str] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
-    @property
-    def template_path(self) -> Path:
-        return templates_dir() / self.template_file
-
     def chat_template(self) -> str:
-        return self.template_path.read_text(encoding="utf-8")
+        """The family's real chat template; skips the calling test when it is absent."""
+        return template_text(self.template_file)
 
     def prompt_kwargs(self, thinking: bool) -> dict[str, Any]:
         """apply_chat_template kwargs for the (non-)thinking generation prompt `native` follows."""
@@ -280,6 +272,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         _native=_glm,
     ),
 )}
+
+
+def require_families(names: Sequence[str] | None = None, *, module: bool = False) -> None:
+    """Skip the calling test (or the module, `module=True`) unless the real templates of the
+    families `names` (default: all) are present."""
+    chosen = FAMILIES.values() if names is None else [family(n) for n in names]
+    require_templates([f.template_file for f in chosen], module=module)
 
 
 def family(name: str) -> Family:

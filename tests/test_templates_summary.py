@@ -53,6 +53,7 @@ def test_the_line_counts_template_skips_and_only_them(tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
     shutil.copy(ROOT / "tests" / "conftest.py", suite / "conftest.py")
+    shutil.copy(ROOT / "tests" / "realfiles.py", suite / "realfiles.py")  # the conftest's import
     (suite / "test_tiny.py").write_text(TINY)
     (suite / "test_whole.py").write_text(WHOLE)
     empty = tmp_path / "no-templates"

@@ -65,9 +65,7 @@ def _family_case(family: str) -> ModelCase:
             raise
         pytest.skip(f"tests/families.py does not exist yet: the {family} case runs once it does")
     fam = families.family(family)
-    if not fam.template_path.exists():
-        pytest.skip(f"real chat templates not found in {fam.template_path.parent}: the {family} template "
-                    f"{fam.template_path.name} is missing (set ROWGROVE_TEMPLATES to the templates folder)")
+    families.require_families([family])
 
     def sampled(text: str) -> str:
         for stop in fam.eos_tokens:

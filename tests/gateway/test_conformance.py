@@ -51,16 +51,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from families import FAMILIES, Family, family, family_model_dir, templates_dir  # noqa: E402
+from families import FAMILIES, require_families, Family, family, family_model_dir  # noqa: E402
 from fixtures_http import TestEngine, full_prompt  # noqa: E402
 
 import rowgrove.gateway.sessions as gw_sessions  # noqa: E402
 from rowgrove.gateway.core import decide as gw_decide  # noqa: E402
 from rowgrove.gateway.core.preprocess import engine_messages  # noqa: E402
 
-if not all((templates_dir() / f.template_file).is_file() for f in FAMILIES.values()):
-    pytest.skip(f"real chat templates not found in {templates_dir()} (set ROWGROVE_TEMPLATES)",
-                allow_module_level=True)
+require_families(module=True)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "families.md"
 TABLE_BEGIN = "<!-- conformance-table: begin (python tests/gateway/test_conformance.py --write-docs) -->"

@@ -16,15 +16,13 @@ import tokenizers
 from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from families import FAMILIES, family, family_model_dir, templates_dir, tool_call_id  # noqa: E402
+from families import FAMILIES, require_families, family, family_model_dir, tool_call_id  # noqa: E402
 
 from rowgrove.errors import InputError  # noqa: E402
 from rowgrove.model.family import MARKER, build_family_model  # noqa: E402
 from rowgrove.model.load import load_model, load_tokenizer  # noqa: E402
 
-if not all((templates_dir() / f.template_file).is_file() for f in FAMILIES.values()):
-    pytest.skip(f"real chat templates not found in {templates_dir()} (set ROWGROVE_TEMPLATES)",
-                allow_module_level=True)
+require_families(module=True)
 
 NAMES = list(FAMILIES)
 TOOLS = [{"type": "function", "function": {

@@ -1,5 +1,5 @@
 """Helpers for the parser tests: render an assistant turn through a real chat template (read from
-`$ROWGROVE_TEMPLATES`, tests/families.py `templates_dir`) and cut out what the model would have
+tests/realfiles.py) and cut out what the model would have
 sampled. A test whose template is missing skips, with the suite's uniform reason."""
 
 from __future__ import annotations
@@ -7,11 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from families import templates_dir  # noqa: E402
+from realfiles import template_text  # noqa: E402
 
 # (bos, eos, end-of-turn suffixes the sampler stops on, which are not part of the sampled text)
 SPECIALS = {
@@ -27,11 +26,7 @@ SPECIALS = {
 
 def template(name: str) -> str:
     """The real chat template `name`; skips the test when the templates folder lacks it."""
-    path = templates_dir() / name
-    if not path.is_file():
-        pytest.skip(f"real chat templates not found in {path.parent}: {name} is missing "
-                    "(set ROWGROVE_TEMPLATES to the templates folder)")
-    return path.read_text()
+    return template_text(name)
 
 
 def render(name: str, messages: list[dict], tools: list | None = None, **kwargs) -> str:

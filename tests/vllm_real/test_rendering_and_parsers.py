@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from families import FAMILIES, family, family_model_dir, tool_call_id
+from families import FAMILIES, family, family_model_dir, require_families, tool_call_id
 
 import httpx
 
@@ -105,6 +105,7 @@ def gateway_root_ids(folder: Path, messages: list[dict[str, Any]], kwargs: dict[
 @pytest.fixture(scope="module")
 def compared(vllm_py) -> dict[str, Any]:
     """Both sides' answers for every family, vLLM's from one subprocess."""
+    require_families()
     render_jobs, parse_jobs, ours = [], [], {}
     for name in NAMES:
         folder = family_model_dir(name)
