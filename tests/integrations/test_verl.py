@@ -126,47 +126,94 @@ def test_refusals_name_the_setting_and_use_algos_messages(verl_run):
         assert setting in ref["config"]
 
 
+def _gateway_deps_shim(folder) -> list[str]:
+    """The gateway needs httptools, minijinja and uvloop, which .venv-verl lacks today (verl does
+    not bring them; scripts/install_verl_env.sh installs rowgrove --no-deps): when the verl python
+    cannot import them, a folder of links to this environment's copies (same CPython) goes first on
+    its path. Returns the PYTHONPATH entries to add."""
+    import importlib
+
+    py = verl_python()
+    probe = subprocess.run([str(py), "-c", "import httptools, minijinja, uvloop"], capture_output=True)
+    if probe.returncode == 0:
+        return []
+    for name in ("httptools", "minijinja", "uvloop"):
+        (folder / name).symlink_to(os.path.dirname(importlib.import_module(name).__file__))
+    return [str(folder)]
+
+
 @pytest.fixture(scope="module")
-def agent_loop_run(tmp_path_factory) -> tuple[dict, object]:
-    """verl's agent-loop instantiation of "rowgrove" (in .venv-verl) against a real gateway here."""
+def agent_loop_run(tmp_path_factory) -> dict:
+    """verl's own LLMServerClient, load balancer and agent-loop manager/worker classes as Ray actors,
+    in .venv-verl (tests/integrations/verl_agent_side.py says what is verl's and what stands in)."""
     py = verl_python()
     if not py.exists():
         require_or_skip(f"no verl environment at {py}: run scripts/install_verl_env.sh (or set ROWGROVE_VERL_PYTHON)")
-    from rowgrove.gateway.testing import start_gateway
-    from rowgrove.model.load import model_dir
-
-    with start_gateway("tiny", engine="scripted", ledger=tmp_path_factory.mktemp("verl-loop") / "ledger.db") as gw:
-        env = {**os.environ, "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "integrations")])}
-        proc = subprocess.run([str(py), str(ROOT / "tests" / "integrations" / "verl_agent_side.py"), gw.url,
-                               str(model_dir("tiny"))], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        out = json.loads(proc.stdout)
-        rid = out["two_calls"]["extra_fields"]["rollout_id"]
-        rows = gw.rows(rid)["rows"]
-    return out, rows
+    tmp = tmp_path_factory.mktemp("verl-loop")
+    shim = tmp / "shim"
+    shim.mkdir()
+    path = [*_gateway_deps_shim(shim), str(ROOT / "src"), str(ROOT / "tests" / "integrations")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)}
+    proc = subprocess.run([str(py), str(ROOT / "tests" / "integrations" / "verl_agent_side.py"), str(tmp)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout)
 
 
-def test_agent_loop_is_registered_under_rowgrove(agent_loop_run):
-    out, _ = agent_loop_run
-    assert out["registered"] == {"_target_": "rowgrove.integrations.verl_agent_loop.RowgroveAgentLoop"}
+def test_a_rollout_split_into_three_rows_arrives_as_three_sequences(agent_loop_run):
+    out = agent_loop_run
+    assert out["manager_worker_class"] == "RowgroveAgentLoopManager"
+    # 2 prompts x rollout.n=2: the "compact" prompt's rollouts became 3 rows each, the other's 1
+    assert out["sequences"] == 8
+    per = {rid: out["rollout_id"].count(rid) for rid in out["rollout_id"]}
+    assert sorted(per.values()) == [1, 1, 3, 3]
+    for rid, k in per.items():
+        rows = [i for i, r in enumerate(out["rollout_id"]) if r == rid]
+        assert [out["segment"][i] for i in rows] == list(range(k))
+        assert len({out["uid"][i] for i in rows}) == 1  # one group per prompt, every row of a rollout in it
+        want = "compact this: count to three" if k == 3 else "count to one"
+        assert {out["raw_prompt"][i] for i in rows} == {want}
+    assert out["uid_type"] == ["RolloutKey"]
+    assert out["meta"]["rollouts"] == 4 and out["meta"]["dropped_invalid_sequences"] == 0
 
 
-def test_agent_loop_output_is_the_gateways_row(agent_loop_run):
-    out, rows = agent_loop_run
-    res = out["two_calls"]
-    assert len(rows) == 1
-    row = rows[0]
-    start = row["loss_mask"].index(1)
-    assert res["prompt_ids"] == row["input_ids"][:start]
-    assert res["response_ids"] == row["input_ids"][start:]
-    assert res["response_mask"] == row["loss_mask"][start:]
-    assert 0 in res["response_mask"]  # the user turn between the two calls is context, not trained
-    assert res["response_logprobs"] == pytest.approx(row["logprobs"][start:], abs=1e-6)
-    assert res["reward_score"] == 1.0 and res["extra_fields"]["rowgrove_valid"] is True
+def test_the_weights_of_a_rollouts_rows_sum_to_its_share(agent_loop_run):
+    out = agent_loop_run
+    assert out["weights_off_mask"] == 0.0
+    # rollout-mean (the loop's loss_mode): each of the 4 rollouts weighs 1/4, however many rows
+    assert out["meta"]["loss_mode"] == "rollout-mean"
+    for rid, s in out["weight_sum"].items():
+        assert s == pytest.approx(0.25, rel=1e-6), rid
+    # token-mean: a rollout's share is its generated tokens over the update's
+    total = sum(out["generated_tokens"].values())
+    for rid, s in out["token_mean_weight_sum"].items():
+        assert s == pytest.approx(out["generated_tokens"][rid] / total, rel=1e-6), rid
+    # verl's compute_advantage("rowgrove") on the manager's batch: A of the rollout times its share
+    rewards = out["rewards"]
+    for rid, adv in out["advantage_sum"].items():
+        group = [r for r in rewards if out["uid"][out["rollout_id"].index(r)] == out["uid"][out["rollout_id"].index(rid)]]
+        rs = [rewards[r] for r in group]
+        mean = sum(rs) / len(rs)
+        std = (sum((x - mean) ** 2 for x in rs) / (len(rs) - 1)) ** 0.5
+        a = (rewards[rid] - mean) / (std + 1e-6)
+        assert adv == pytest.approx(a * out["token_mean_weight_sum"][rid], abs=1e-6), rid
 
 
-def test_agent_loop_refuses_a_rollout_that_became_several_rows(agent_loop_run):
-    out, _ = agent_loop_run
-    err = out["compacting"]["error"]
-    assert err.startswith("InputError") and "became 2 rows" in err and "rows_to_dataproto" in err
+def test_every_sampled_token_came_from_verls_server_manager_at_global_steps(agent_loop_run):
+    out = agent_loop_run
+    server = out["server"]
+    # 3 + 3 + 1 + 1 calls, every one through LLMServerClient.generate -> the replica
+    assert server["calls"] == 8
+    calls = sorted((ids, lps) for ids, lps in server["outputs"])
+    seqs = sorted((ids, lps) for ids, lps in out["sampled"])
+    # each row trains exactly one call's sampled ids, with the server's logprobs (float32 in the batch)
+    assert [ids for ids, _ in seqs] == [ids for ids, _ in calls]
+    for (_, got), (_, want) in zip(seqs, calls, strict=True):
+        assert got == pytest.approx(want, abs=1e-6)
+    assert out["min_global_steps"] == [3] * 8 and out["max_global_steps"] == [3] * 8
+
+
+def test_verls_stock_worker_refuses_a_rollout_of_several_rows_naming_the_manager(agent_loop_run):
+    err = agent_loop_run["stock_error"]
+    assert err is not None and "InputError" in err and "became 3 rows" in err
+    assert "agent_loop_manager_class=rowgrove.integrations.verl_manager.RowgroveAgentLoopManager" in err
