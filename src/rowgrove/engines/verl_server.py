@@ -61,7 +61,7 @@ class VerlServerEngine:
 
     def sampling_params(self, sampling: SamplingParams) -> dict[str, Any]:
         """verl's `sampling_params` for one call (vLLM's SamplingParams keys, which verl's server
-        forwards): the raw distribution's logprob of each sampled token, the model's stop ids plus
+        forwards): the logprob of each sampled token (as the server computes it), the model's stop ids plus
         the request's, special tokens kept in the text (the ids are the truth either way)."""
         if sampling.top_logprobs:
             raise InputError(f"top_logprobs={sampling.top_logprobs}: verl's servers return only the sampled "
