@@ -1,0 +1,230 @@
+"""RowgroveGRPOTrainer keeps the gateway's engine on its weights (`gateway_url`), and says each
+step how on-policy it was.
+
+A real gateway on loopback serves the tiny model through the hf engine (a second copy of the
+SAME initial weights); rows come from a compaction agent (keep_last_rounds, so each rollout is
+two rows or more: a random model's text may also re-render differently, which starts a root) talking to it with the official OpenAI SDK; TRL trains with Adam at a learning rate
+that moves every weight. At each step's start, the rows' engine logprobs are compared with the
+trainer model's own on the same ids: equal within 1e-3 when synced; without `gateway_url` the
+gap opens from the second step on, and the trainer warns. A sync the gateway refuses, or one
+whose probe shows other weights, raises and stops training.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.trainers
+
+try:
+    import trl  # noqa: F401
+except ImportError:
+    from rg_integration_env import require_or_skip
+
+    require_or_skip("TRL is not installed: pip install 'rowgrove[trl]'")
+
+from rowgrove.agents.compaction import compact, render_context  # noqa: E402
+from rowgrove.engines.hf import HFEngine  # noqa: E402
+from rowgrove.errors import EngineError, InputError, RowgroveError  # noqa: E402
+from rowgrove.gateway.testing import start_gateway  # noqa: E402
+from rowgrove.integrations.harness import Episode, rollouts_to_rows  # noqa: E402
+from rowgrove.integrations.trl import NO_SYNC_WARNING, RowgroveGRPOTrainer, WeightSyncError, check_config  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+PROMPTS = ["Count the apples.", "Name a city."]
+TOL = 1e-3
+STEPS = 3
+
+
+def compaction_agent(max_tokens: int = 8):
+    """Three sampled turns; after each, the context keeps only the last round
+    (`rowgrove.agents.compaction`, keep_last_rounds), so the third call is a new root: two rows
+    per rollout or more. Reward: the characters the model wrote (differs within a group, so every step
+    has non-zero advantages)."""
+    async def agent(client, prompt):
+        head = [{"role": "user", "content": prompt}]
+        rounds: list = []
+        omitted = 0
+        record = list(head)
+        for turn in range(3):
+            r = await client.chat.completions.create(model="policy", messages=render_context(head, rounds, omitted),
+                                                     max_tokens=max_tokens, temperature=1.0)
+            a = {"role": "assistant", "content": r.choices[0].message.content or ""}
+            record.append(a)
+            if turn < 2:
+                note = {"role": "user", "content": f"step {turn + 1} done, go on"}
+                record.append(note)
+                rounds, omitted = compact("keep_last_rounds", [*rounds, [a, note]], omitted, keep_rounds=1)
+        return Episode(reward=sum(len(m["content"]) for m in record if m["role"] == "assistant") / 10.0,
+                       messages=record)
+
+    return agent
+
+
+def grpo_args(tmp_path, **kw):
+    from trl import GRPOConfig
+
+    base = dict(output_dir=str(tmp_path / "out"), loss_type="dapo", beta=0.0, learning_rate=1e-2,
+                optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                max_grad_norm=0.0, per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=2,
+                max_steps=STEPS, report_to="none", save_strategy="no", logging_steps=1, use_cpu=True, bf16=False,
+                disable_tqdm=True, max_completion_length=64, seed=0)
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def dataset(prompts):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": list(prompts)})
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from rowgrove.model.load import load_model
+
+    return load_model("tiny")
+
+
+def engine_gap(logprobs_fn, rows) -> float:
+    """max |engine logprob - logprobs_fn(ids)| over every sampled token of `rows`."""
+    worst = 0.0
+    for r in rows:
+        ids = [int(t) for t in r.input_ids]
+        ref = np.asarray(logprobs_fn(ids))
+        at = np.flatnonzero(np.asarray(r.loss_mask) == 1)
+        assert len(at) and at[0] > 0
+        worst = max(worst, float(np.max(np.abs(np.asarray(r.logprobs)[at] - ref[at - 1]))))
+    return worst
+
+
+def run_loop(tiny, tmp_path, *, synced: bool, engine_cls=HFEngine, steps: int = STEPS):
+    """Train `steps` steps against a gateway whose hf engine holds a copy of the trainer's initial
+    weights; returns (trainer, per-step gaps at the step's start, the gap of a fresh call after
+    train() or the exception train() raised, rows_fn calls, the initial model)."""
+    model0, tok = tiny
+    model = copy.deepcopy(model0)
+    engine = engine_cls(copy.deepcopy(model0).eval(), tok, max_batch=8)
+    agent = compaction_agent()
+    out: dict = {"gaps": [], "calls": 0, "error": None}
+    with start_gateway("tiny", engine=engine, ledger=tmp_path / "ledger.db") as gw:
+        def rows_fn(prompts, trainer):
+            out["calls"] += 1
+            rows = rollouts_to_rows(gw.url, prompts, agent)
+            assert len(rows) >= 2 * len(prompts)  # the compaction: two rows or more per rollout
+            out["gaps"].append(engine_gap(trainer.trainer_logprobs, rows))
+            return rows
+
+        trainer = RowgroveGRPOTrainer(model, args=grpo_args(tmp_path, max_steps=steps), rows_fn=rows_fn,
+                                      train_dataset=dataset(PROMPTS * 2), processing_class=tok,
+                                      gateway_url=gw.url if synced else None)
+        try:
+            trainer.train()
+        except RowgroveError as e:
+            out["error"] = e
+        else:
+            fresh = rollouts_to_rows(gw.url, ["one more prompt"], agent)
+            out["fresh_gap"] = engine_gap(trainer.trainer_logprobs, fresh)
+            out["fresh_gap_initial_model"] = engine_gap(lambda ids: _logprobs(model0, ids), fresh)
+    out["trainer"] = trainer
+    return out
+
+
+def _logprobs(model, ids):
+    from rowgrove.engines.verify import policy_logprobs
+
+    return policy_logprobs(model, ids)
+
+
+def logged(trainer, key):
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def test_synced_every_step_the_rows_are_the_trainers_policy(tiny, tmp_path, recwarn):
+    out = run_loop(tiny, tmp_path, synced=True)
+    trainer = out["trainer"]
+    print("synced: gap at each step's start", out["gaps"], "fresh call after train()", out["fresh_gap"])
+    assert out["error"] is None and trainer.state.global_step == STEPS
+    assert len(out["gaps"]) == STEPS and max(out["gaps"]) <= TOL
+    assert out["fresh_gap"] <= TOL
+    # the weights moved: the initial model is far from what the engine samples with now
+    assert out["fresh_gap_initial_model"] > 1e-2
+    # a sync at the start, after each step; the end's is the last step's (nothing moved since)
+    assert [s for s, _ in trainer.syncs] == [0, 1, 2, 3]
+    assert [r.version for _, r in trainer.syncs] == [1, 2, 3, 4]
+    assert all(r.gap <= TOL and r.probe_tokens > 0 for _, r in trainer.syncs)
+    assert logged(trainer, "rowgrove/weight_version_lag") == [0.0] * STEPS
+    gaps = logged(trainer, "rowgrove/max_logprob_gap")
+    assert len(gaps) == STEPS and max(gaps) <= TOL
+    assert not [w for w in recwarn if NO_SYNC_WARNING[:40] in str(w.message)]
+    # the two newest checkpoints are kept, the config beside them
+    assert sorted(p.name for p in (tmp_path / "out" / "rowgrove-weights").iterdir()) == ["config", "v000003", "v000004"]
+
+
+def test_without_gateway_url_it_warns_and_the_gap_shows(tiny, tmp_path):
+    with pytest.warns(UserWarning, match="without gateway_url: nothing keeps the engine"):
+        out = run_loop(tiny, tmp_path, synced=False)
+    trainer = out["trainer"]
+    print("unsynced: gap at each step's start", out["gaps"], "fresh call after train()", out["fresh_gap"])
+    assert out["error"] is None and trainer.state.global_step == STEPS and trainer.syncs == []
+    assert out["gaps"][0] <= TOL  # the same initial weights
+    assert all(g > TOL for g in out["gaps"][1:]), out["gaps"]
+    assert out["fresh_gap"] > TOL
+    assert logged(trainer, "rowgrove/weight_version_lag") == [0.0, 1.0, 2.0]
+    gaps = logged(trainer, "rowgrove/max_logprob_gap")
+    assert gaps[0] <= TOL and all(g > TOL for g in gaps[1:]), gaps
+
+
+class _FailsAfterFirstLoad(HFEngine):
+    """Loads the first checkpoint (the sync at the start), then fails as a full disk would."""
+
+    loads = 0
+
+    def update_weights(self, state_dict):
+        self.loads += 1
+        if self.loads > 1:
+            raise EngineError("cannot copy the weights: no space left on device (test)")
+        super().update_weights(state_dict)
+
+
+class _IgnoresWeights(HFEngine):
+    """Answers every update and bumps its version, but keeps sampling with its old weights."""
+
+    def update_weights(self, state_dict):
+        self.weights_version += 1
+
+
+def test_a_sync_the_gateway_refuses_stops_training(tiny, tmp_path):
+    out = run_loop(tiny, tmp_path, synced=True, engine_cls=_FailsAfterFirstLoad)
+    e = out["error"]
+    assert isinstance(e, WeightSyncError), e
+    msg = str(e)
+    assert "/v1/weights answered 502" in msg and "no space left on device" in msg and "off-policy" in msg
+    assert out["trainer"].state.global_step == 1 and out["calls"] == 1  # no rows sampled after the failure
+
+
+def test_a_sync_whose_probe_shows_other_weights_stops_training(tiny, tmp_path):
+    out = run_loop(tiny, tmp_path, synced=True, engine_cls=_IgnoresWeights)
+    e = out["error"]
+    assert isinstance(e, WeightSyncError), e
+    msg = str(e)
+    assert "weight version 2" in msg and "differ from the trainer's by up to" in msg and "tolerance 0.001" in msg
+    assert out["trainer"].state.global_step == 1 and out["calls"] == 1
+    assert [s for s, _ in out["trainer"].syncs] == [0]  # the start's passed: same weights then
+
+
+def test_trls_vllm_server_is_taken_only_with_a_gateway_in_server_mode(tmp_path):
+    """TRL's vLLM (generation by TRL, weights over NCCL) is accepted only as the server the
+    gateway's vllm engine samples from; the NCCL transfer itself runs in scripts/gpu_check.sh."""
+    check_config(grpo_args(tmp_path, use_vllm=True, vllm_mode="server"), "http://127.0.0.1:8000")
+    for kw, url in ((dict(use_vllm=True, vllm_mode="server"), None),
+                    (dict(use_vllm=True, vllm_mode="colocate"), "http://127.0.0.1:8000")):
+        with pytest.raises(InputError, match="use_vllm=True only with vllm_mode='server'"):
+            check_config(grpo_args(tmp_path, **kw), url)
