@@ -43,8 +43,8 @@ became.
 Freshness. AsyncGRPO's data path pulls a step's micro-batches plus one more before the step's
 optimizer update (HF Trainer gathers the step's batches; accelerate's loader fetches one ahead), so
 the rollouts of step k+1 must exist before step k's weight sync: `max_lag` >= 1 (default 1). The
-worker samples step k's rollouts only once the trainer has published the weights of step k - max_lag;
-every sample carries that version (`model_version`), AsyncGRPO logs the staleness, and the PPO ratio
+worker samples step k's rollouts with the weights the trainer began step k - max_lag with (at most
+max_lag updates behind); every sample carries that version (`model_version`), AsyncGRPO logs the staleness, and the PPO ratio
 is taken against the sampler's own logprobs. Refused: `token_budget != 0`, `weight_sync_steps != 1`,
 `max_staleness < max_lag`, `temperature != 1` (the trainer would divide its logits by it while the
 engine reports raw logprobs).
