@@ -145,5 +145,79 @@ PY
 else
   echo "gpu_check: verl with vllm is not installed (VERL_PY=$VERL_PY): verl skipped"
 fi
+# ---- TRL: RowgroveGRPOTrainer with TRL's own vLLM server (use_vllm=True, vllm_mode="server") ----
+# TRL moves the weights into the server over NCCL (VLLMGeneration.sync_weights, where TRL's
+# _generate calls it); the gateway's vllm engine samples from the same server; every sync is
+# announced to the gateway and verified by a probe call against the trainer's own logprobs.
+# Needs one python with TRL, vLLM and rowgrove (PY). The server is stock `vllm serve` started by
+# rowgrove's launcher (raw logprobs, dev mode) plus vLLM's NCCL weight-transfer engine, which is
+# what `trl vllm-serve` adds (it would also set processed logprobs). Untied tiny model: fp32 both
+# sides. The CPU suite runs the same trainer with gateway_url over the checkpoint path
+# (tests/integrations/test_trl_sync.py, tests/vllm_real/test_trl_loop.py); this NCCL block is
+# unverified until a GPU check runs it.
+if "$PY" -c "import trl, vllm" 2>/dev/null; then
+  TRL_MODEL=${ROWGROVE_GPU_MODEL:-$("$PY" -c "from rowgrove.model.tiny import servable_kwargs, tiny_model_dir; print(tiny_model_dir(**servable_kwargs(), tie_embeddings=False))")}
+  echo "gpu_check: TRL with its vLLM server (NCCL sync) behind the gateway, $STEPS steps on $TRL_MODEL"
+  "$PY" -m rowgrove.engines.launch "$TRL_MODEL" --port 18003 --device cuda --python "$PY" \
+    --log "$OUT/trl-vllm-serve.log" --startup-timeout 230 \
+    -- --dtype float32 --gpu-memory-utilization 0.3 --enforce-eager \
+    --weight-transfer-config '{"backend": "nccl"}' > "$OUT/trl-vllm-server.log" 2>&1 &
+  trl_pid=$!
+  if wait_health "http://127.0.0.1:18003/health" 240; then
+    if STEPS="$STEPS" timeout "$BUDGET_S" "$PY" - "$TRL_MODEL" "http://127.0.0.1:18003" "$OUT/trl" > "$OUT/trl.log" 2>&1 <<'PY'
+import os, sys
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig
+from rowgrove.agents.compaction import compact, render_context
+from rowgrove.engines import make_engine
+from rowgrove.gateway.testing import start_gateway
+from rowgrove.integrations.harness import Episode, rollouts_to_rows
+from rowgrove.integrations.trl import RowgroveGRPOTrainer
+
+folder, server, out = sys.argv[1:4]
+steps = int(os.environ["STEPS"])
+
+async def agent(client, prompt):  # three turns, the context keeping only its last round: 2+ rows per rollout
+    head, rounds, omitted, record = [{"role": "user", "content": prompt}], [], 0, [{"role": "user", "content": prompt}]
+    for k in range(3):
+        r = await client.chat.completions.create(model="policy", messages=render_context(head, rounds, omitted),
+                                                 max_tokens=16, temperature=1.0)
+        a = {"role": "assistant", "content": r.choices[0].message.content or ""}
+        note = {"role": "user", "content": f"step {k + 1} done, go on"}
+        record += [a, note] if k < 2 else [a]
+        rounds, omitted = compact("keep_last_rounds", [*rounds, [a, note]], omitted, keep_rounds=1)
+    return Episode(reward=sum(len(m["content"]) for m in record if m["role"] == "assistant") / 10, messages=record)
+
+args = GRPOConfig(output_dir=out, loss_type="dapo", beta=0.0, learning_rate=1e-3, max_steps=steps, bf16=False,
+                  per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
+                  report_to="none", save_strategy="no", logging_steps=1, use_vllm=True, vllm_mode="server",
+                  vllm_server_base_url=server, vllm_importance_sampling_correction=False)
+with start_gateway(folder, engine=make_engine("vllm", folder, url=server), ledger=f"{out}-ledger.db") as gw:
+    trainer = RowgroveGRPOTrainer(AutoModelForCausalLM.from_pretrained(folder, dtype="float32"), args=args,
+                                  rows_fn=lambda prompts, tr: rollouts_to_rows(gw.url, prompts, agent),
+                                  train_dataset=Dataset.from_dict({"prompt": [f"count to {i % 5 + 1}" for i in range(16)]}),
+                                  processing_class=AutoTokenizer.from_pretrained(folder), gateway_url=gw.url)
+    trainer.train()
+for h in trainer.state.log_history:
+    if "rowgrove/weight_version_lag" in h:
+        print("gpu_check: trl step", {k: h.get(k) for k in ("rowgrove/weight_version_lag", "rowgrove/max_logprob_gap",
+                                                            "rowgrove/sync_gap", "rowgrove/sync_seconds")})
+print("gpu_check: trl syncs (step, version, probe gap):", [(s, r.version, r.gap) for s, r in trainer.syncs])
+assert all(h["rowgrove/weight_version_lag"] == 0 for h in trainer.state.log_history if "rowgrove/weight_version_lag" in h)
+PY
+    then
+      grep "gpu_check: trl" "$OUT/trl.log"
+    else
+      echo "gpu_check: the TRL vLLM-server run failed; last lines of $OUT/trl.log:"; tail -n 30 "$OUT/trl.log"; status=1
+    fi
+  else
+    echo "gpu_check: the TRL vLLM server did not come up; last lines of $OUT/trl-vllm-serve.log:"
+    tail -n 20 "$OUT/trl-vllm-serve.log"; status=1
+  fi
+  kill "$trl_pid" 2>/dev/null; wait "$trl_pid" 2>/dev/null
+else
+  echo "gpu_check: TRL with vLLM is not installed in $PY: the TRL vLLM-server block skipped"
+fi
 echo "gpu_check: logs and runs in $OUT"
 exit $status
