@@ -10,6 +10,7 @@ computes rowgrove's loss:
     rowgrove.integrations.verl     rows_to_dataproto, the "rowgrove" estimator and policy loss
                                    (pip install 'rowgrove[verl]', its own environment)
     rowgrove.integrations.trl      RowgroveGRPOTrainer (pip install 'rowgrove[trl]')
+    rowgrove.integrations.trl_async  RowgroveRolloutWorker, GatewayWeightTransfer for TRL's AsyncGRPO
     rowgrove.integrations.harness  rollouts_to_rows: a harness over a gateway -> rows, for rows_fn
     rowgrove.integrations.plain    slime Sample / SkyRL GeneratorOutput / prime-rl TrainingSample
                                    as plain dicts (no package needed)
