@@ -206,6 +206,7 @@ def test_a_sync_the_gateway_refuses_stops_training(tiny, tmp_path):
     e = out["error"]
     assert isinstance(e, WeightSyncError), e
     msg = str(e)
+    print("training stopped:", msg)
     assert "/v1/weights answered 502" in msg and "no space left on device" in msg and "off-policy" in msg
     assert out["trainer"].state.global_step == 1 and out["calls"] == 1  # no rows sampled after the failure
 
@@ -215,6 +216,7 @@ def test_a_sync_whose_probe_shows_other_weights_stops_training(tiny, tmp_path):
     e = out["error"]
     assert isinstance(e, WeightSyncError), e
     msg = str(e)
+    print("training stopped:", msg)
     assert "weight version 2" in msg and "differ from the trainer's by up to" in msg and "tolerance 0.001" in msg
     assert out["trainer"].state.global_step == 1 and out["calls"] == 1
     assert [s for s, _ in out["trainer"].syncs] == [0]  # the start's passed: same weights then
