@@ -1,20 +1,26 @@
 """The `vllm` engine: a vLLM server's `/v1/completions` with the prompt as token ids.
 
-Why this endpoint: `/v1/completions` takes a token-id `prompt`, returns the sampled ids
-(`return_token_ids`, in `choices[0].token_ids`) with one logprob per id, streams, honours
-`X-Request-Id` and aborts on disconnect, and its shape has been stable across vLLM releases
-(vllm/entrypoints/openai/completion/protocol.py). The newer token-in/token-out route
+Why this endpoint: `/v1/completions` takes a token-id `prompt`, returns one logprob per
+sampled token named by its id (`return_tokens_as_token_ids`: `"token_id:N"` in
+`logprobs.tokens`), streams, honours `X-Request-Id` and aborts on disconnect, and its shape has
+been stable across vLLM releases (vllm/entrypoints/openai/completion/protocol.py). The newer token-in/token-out route
 `/inference/v1/generate` (vllm/entrypoints/serve/disagg/) gained streaming only in 2026 (vLLM PR
 #37171) and is still moving, so it is not used.
 
-Request (per call): `prompt` = the ids rowgrove rendered; `return_token_ids`, `logprobs` (0, or the
-harness's top_logprobs), `return_tokens_as_token_ids` (alternatives keyed by id, not by text,
-which two tokens may share); every sampling parameter sent explicitly (vLLM would otherwise fill
+Request (per call): `prompt` = the ids rowgrove rendered; `logprobs` (0, or the harness's
+top_logprobs) and `return_tokens_as_token_ids`: each sampled token and each alternative named by
+its id, not by its text (which two tokens may share), so the sampled ids are read from
+`logprobs.tokens`. Not `return_token_ids`: with it vLLM also echoes the whole prompt's ids
+(`prompt_token_ids`, in the first chunk of a stream; completion/serving.py), which rowgrove sent
+and does not read, and which grows with the conversation (an 88k-token prompt: about 0.5 MB of
+JSON for vLLM to write and 3-4 ms for the gateway to parse, per call; docs/gateway.md, "Long
+conversations"). A server's `token_ids`, if it sends them anyway, are checked against the
+tokens. Every sampling parameter is sent explicitly (vLLM would otherwise fill
 temperature/top_p/top_k from generation_config.json); `skip_special_tokens: false` and
 `include_stop_str_in_output: true` (the ids are the truth either way; text only for logs);
 `stop_token_ids` = the model folder's stop ids plus the request's; `X-Request-Id` = the call id.
 
-Streamed chunks carry deltas of `token_ids` and `logprobs` (vllm/entrypoints/openai/completion/
+Streamed chunks carry deltas of `logprobs` (vllm/entrypoints/openai/completion/
 serving.py, completion_stream_generator); the chunk with the last delta carries `finish_reason`
 ("stop" | "length" | "abort"); errors after the 200 arrive as `data: {"error": {...}}`.
 
@@ -72,7 +78,6 @@ class VLLMEngine(RemoteEngine):
             "frequency_penalty": 0.0,
             "presence_penalty": 0.0,
             "logprobs": sampling.top_logprobs,
-            "return_token_ids": True,
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
             "include_stop_str_in_output": True,
@@ -260,13 +265,16 @@ class _Accumulator:
             msg = err.get("message") if isinstance(err, dict) else err
             raise EngineError(f"the vllm server failed mid-request: {msg}")
         for choice in chunk.get("choices") or ():
-            ids = choice.get("token_ids")
-            if ids is None and choice.get("text"):
-                raise EngineError("the vllm server sent no token_ids: it predates return_token_ids "
-                                  "(vLLM >= 0.10.2 needed)")
-            ids = ids or []
             lp = choice.get("logprobs") or {}
             values = lp.get("token_logprobs") or []
+            ids = _token_ids(lp.get("tokens") or [])
+            given = choice.get("token_ids")
+            if given is not None and list(given) != ids:
+                raise EngineError(f"the vllm server's token_ids {list(given)[:8]} disagree with its logprob tokens "
+                                  f"{ids[:8]}: a server bug, retry the call")
+            if not ids and choice.get("text"):
+                raise EngineError("the vllm server sent text without logprob tokens: it ignored the request's "
+                                  "logprobs and return_tokens_as_token_ids; is it a vLLM server?")
             self.ids.extend(ids)
             self.lps.extend(values)
             if self.top:
@@ -286,6 +294,21 @@ class _Accumulator:
             raise EngineError(f"vllm server {url}: request {rid} has a sampled token without a logprob")
         return Generation(token_ids=self.ids, logprobs=[float(v) for v in self.lps],
                           finish_reason=self.finish, top_logprobs=self.tops if self.top else None)
+
+
+def _token_ids(tokens: list[Any]) -> list[int]:
+    """The sampled ids named by `logprobs.tokens` (`"token_id:N"` each, as
+    `return_tokens_as_token_ids` makes vLLM write them); EngineError for anything else."""
+    out: list[int] = []
+    for t in tokens:
+        try:
+            if not (isinstance(t, str) and t.startswith("token_id:")):
+                raise ValueError(t)
+            out.append(int(t[9:]))
+        except ValueError:
+            raise EngineError(f"the vllm server named a sampled token {t!r}, not 'token_id:N': it ignored "
+                              "return_tokens_as_token_ids") from None
+    return out
 
 
 def _alternatives(alt: Any, k: int) -> list[tuple[int, float]]:

@@ -197,9 +197,11 @@ class CompletionOutput:
         out_ids, logprobs = list(ids), self.logprobs_obj(req, ids, lps, tops, 0)
         if fault == "bad_id" and out_ids:
             out_ids[0] = self.vocab_size + 7
+            _bad_token(req, logprobs, out_ids[0])
         if fault == "short_logprobs" and logprobs is not None:
-            for k in logprobs:
-                logprobs[k] = logprobs[k][:-1]
+            for k in logprobs:  # the tokens (the ids, when named by id) stay whole
+                if k != "tokens":
+                    logprobs[k] = logprobs[k][:-1]
         body = {
             "id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()), "model": self.served,
             "choices": [{
@@ -251,9 +253,11 @@ class CompletionOutput:
                     chunk_finish = finish
                     if first and fault == "bad_id" and delta_ids:
                         delta_ids[0] = self.vocab_size + 7
+                        _bad_token(req, logprobs, delta_ids[0])
                     if first and fault == "short_logprobs" and logprobs is not None:
-                        for k in logprobs:
-                            logprobs[k] = logprobs[k][:-1]
+                        for k in logprobs:  # the tokens (the ids, when named by id) stay whole
+                            if k != "tokens":
+                                logprobs[k] = logprobs[k][:-1]
                     if fault == "cut":
                         chunk_finish = None
                     choice = {
@@ -301,3 +305,10 @@ async def _send_all(send: Send, handle: WatchedResponse, response: Response) -> 
     await send({"type": "http.response.start", "status": response.status_code,
                 "headers": response.raw_headers})
     await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+
+def _bad_token(req: ParsedCompletion, logprobs: dict[str, Any] | None, bad: int) -> None:
+    """The "bad_id" fault as a server that sampled `bad` would show it in its logprobs too: the
+    first token named by that id (where tokens are named by id)."""
+    if logprobs is not None and req.as_token_ids and logprobs["tokens"]:
+        logprobs["tokens"][0] = f"token_id:{bad}"
