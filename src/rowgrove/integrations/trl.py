@@ -31,7 +31,8 @@ completion length (dr_grpo), or reweigh tokens (cispo, vespo); they are refused.
 Also refused, each because it would add or reweigh terms rowgrove's loss does not have: beta != 0
 (KL to a reference), an entropy bonus, top_entropy_quantile < 1, off_policy_mask_threshold,
 delta (two-sided clipping), importance_sampling_level="sequence", use_vllm (generation happens
-behind the gateway), steps_per_generation != gradient_accumulation_steps (TRL would cut one
+behind the gateway; accepted only as TRL's vLLM server behind `gateway_url`, below),
+steps_per_generation != gradient_accumulation_steps (TRL would cut one
 generation batch into several optimizer steps by rows), and more than one process (the weights'
 divisors are per process here). Rows are padded to a multiple of steps_per_generation with empty
 rows (mask 0: they add nothing) because TRL's split drops a remainder.
