@@ -6,6 +6,13 @@ the real generation_config.json has it, its bos, and `native()`, the text the mo
 the generation prompt in that family's own format, stop token included. `family_model_dir(name)`
 builds the tiny model of a family (rowgrove.model.family) under the cache root, once.
 
+Real vocabularies: a family with `tokenizer` set has a real tokenizer (scripts/fetch_tokenizers.py,
+read through tests/realfiles.py). `family_model_dir(name, vocab="real")` builds its tiny random
+model on that vocabulary (skipping the test when the tokenizer is absent);
+`suite_model_dir(name)` is what the conformance matrix, the framework tests, the parser round
+trips and the real-vLLM comparisons run a family on: its real vocabulary where it has one and the
+tokenizer is there, the tiny one otherwise (`suite_vocab(name)` says which).
+
 Import from a test module in a subfolder of tests/ (this folder is not on sys.path there):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from realfiles import require_templates, template_text
+from realfiles import has_tokenizer, require_templates, template_text, tokenizer_folder
 
 from rowgrove.model.family import build_family_model, family_config_hash
 from rowgrove.model.tiny import cache_root
@@ -95,6 +102,8 @@ class Family:
     reasoning_field: str | None = None   # assistant-message key the template reads reasoning from
                                          # (None: DeepSeek reads "R</think>C" from content)
     thinking_kwargs: tuple[tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]] = ((), ())
+    tokenizer: str | None = None         # its real tokenizer's folder (tests/realfiles.py), if it has one
+    token_renames: tuple[tuple[int, str], ...] = ()  # ids of that tokenizer the family names otherwise
     _native: Callable[..., str] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     def chat_template(self) -> str:
@@ -110,6 +119,14 @@ class Family:
         return {"chat_template": self.chat_template(), "special_tokens": self.special_tokens,
                 "extra_tokens": self.extra_tokens, "eos_tokens": self.eos_tokens, "eos_token": self.eos_token,
                 "bos_token": self.bos, "pad_token": self.pad, "add_bos": self.add_bos}
+
+    def real_build_kwargs(self) -> dict[str, Any]:
+        """build_kwargs() on the family's real vocabulary; skips the calling test when the real
+        tokenizer is absent (ValueError for a family that has none)."""
+        if self.tokenizer is None:
+            raise ValueError(f"{self.name} has no real tokenizer in tests/realfiles.py")
+        return {**self.build_kwargs(), "tokenizer_dir": tokenizer_folder(self.tokenizer),
+                "token_renames": dict(self.token_renames)}
 
     def native(self, content: str | None = None, tool_calls: Sequence[Any] = (), reasoning: str | None = None) -> str:
         """What the model samples after the generation prompt, stop token included."""
@@ -212,6 +229,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         eos_tokens=("<|im_end|>", "<|endoftext|>"), eos_token="<|im_end|>", bos=None, pad="<|endoftext|>",
         thinking=True, reasoning_field="reasoning_content",
         thinking_kwargs=((("enable_thinking", False),), (("enable_thinking", True),)),
+        tokenizer="qwen3",
         _native=_qwen3,
     ),
     Family(
@@ -222,6 +240,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         eos_tokens=("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"), eos_token="<|eot_id|>",
         bos="<|begin_of_text|>", pad=None, add_bos=True,
         parallel_tool_calls=False, content_with_tool_calls=False,
+        # the packaged tokenizer is Llama 3's: the same vocabulary, but 3.1 names three of its
+        # reserved special tokens (Llama 3.1's tokenizer.json: ids 128004, 128008, 128010)
+        tokenizer="llama3.1",
+        token_renames=((128004, "<|finetune_right_pad_id|>"), (128008, "<|eom_id|>"), (128010, "<|python_tag|>")),
         _native=_llama31,
     ),
     Family(
@@ -247,6 +269,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         bos="<｜begin▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", add_bos=True,
         thinking=True, reasoning_with_tool_calls=False, reasoning_field=None,
         thinking_kwargs=((("thinking", False),), (("thinking", True),)),
+        # the packaged tokenizer is DeepSeek V3's: V3.1 (as R1 before it) names two of its
+        # placeholders <think> and </think> (non-special)
+        tokenizer="deepseek-v3.1",
+        token_renames=((128798, "<think>"), (128799, "</think>")),
         _native=_deepseek,
     ),
     Family(
@@ -257,6 +283,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         eos_tokens=("<|return|>", "<|endoftext|>", "<|call|>"), eos_token="<|return|>",
         bos="<|startoftext|>", pad="<|endoftext|>",
         thinking=True, parallel_tool_calls=False, content_with_tool_calls=False, reasoning_field="thinking",
+        tokenizer="gpt-oss",
         _native=_gpt_oss,
     ),
     Family(
@@ -289,16 +316,36 @@ def family(name: str) -> Family:
 
 
 @functools.lru_cache(maxsize=None)
-def _model_dir(name: str, root: str, shape: tuple[tuple[str, Any], ...]) -> Path:
-    kw = {**family(name).build_kwargs(), **dict(shape)}
+def _model_dir(name: str, root: str, shape: tuple[tuple[str, Any], ...], real: bool) -> Path:
+    fam = family(name)
+    kw = {**(fam.real_build_kwargs() if real else fam.build_kwargs()), **dict(shape)}
     chash = family_config_hash(**kw)
-    return build_family_model(Path(root) / f"family-{name}-{chash}", **kw)
+    return build_family_model(Path(root) / f"family-{name}{'-real' if real else ''}-{chash}", **kw)
 
 
-def family_model_dir(name: str, **shape: Any) -> Path:
+def family_model_dir(name: str, *, vocab: str = "tiny", **shape: Any) -> Path:
     """The tiny model folder of family `name` under the cache root ($ROWGROVE_CACHE, default
     ~/.cache/rowgrove), built on first use and reused afterwards (once per process and root).
+    `vocab`: "tiny" (the tiny BPE with the family's tokens), "real" (the family's real tokenizer;
+    skips the calling test when it is absent), "suite" (`suite_vocab(name)`).
     `shape`: model-shape arguments of build_family_model (`hidden`, `heads`, `layers`,
     `tie_embeddings`); `**rowgrove.model.tiny.servable_kwargs()` gives a folder vLLM's CPU engine
     can serve (head_dim 32)."""
-    return _model_dir(name, str(cache_root()), tuple(sorted(shape.items())))
+    if vocab == "suite":
+        vocab = suite_vocab(name)
+    if vocab not in ("tiny", "real"):
+        raise ValueError(f"vocab must be 'tiny', 'real' or 'suite', got {vocab!r}")
+    if vocab == "real":
+        tokenizer_folder(family(name).tokenizer or "")  # skip now when absent (before the cache lookup)
+    return _model_dir(name, str(cache_root()), tuple(sorted(shape.items())), vocab == "real")
+
+
+def suite_vocab(name: str) -> str:
+    """"real" when family `name` has a real tokenizer and it is in the folder, else "tiny"."""
+    tok = family(name).tokenizer
+    return "real" if tok is not None and has_tokenizer(tok) else "tiny"
+
+
+def suite_model_dir(name: str, **shape: Any) -> Path:
+    """The folder the suites run family `name` on: `family_model_dir(name, vocab="suite")`."""
+    return family_model_dir(name, vocab="suite", **shape)

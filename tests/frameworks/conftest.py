@@ -26,7 +26,8 @@ for _k, _v in {
 from frameworks_support import PolicyEngine, model_case, scripted_engine  # noqa: E402
 
 # "tiny": ChatML with hermes tool calls. "qwen3" / "llama3.1": tiny models with the real chat
-# templates, from tests/families.py; they skip, saying why, while it or the templates are missing.
+# templates on their real vocabularies (tests/families.py suite_model_dir; the tiny vocabulary
+# while the real tokenizers are missing); they skip, saying why, while the templates are missing.
 # Another family is one more name here.
 MODEL_CASES = ["tiny", "qwen3", "llama3.1"]
 

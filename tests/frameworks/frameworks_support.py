@@ -46,7 +46,8 @@ class ModelCase:
 
 
 def _family_case(family: str) -> ModelCase:
-    """A tiny model with a real chat template, from tests/families.py: its tool calls are what
+    """A tiny model with a real chat template, from tests/families.py, on the family's real
+    vocabulary where it has one (`suite_model_dir`; the tiny one without it): its tool calls are what
     that family samples (`Family.native`, without the stop token, which the scripted engine adds).
     Skips, saying why, while tests/families.py or the real templates are missing; an error
     inside families.py fails the test."""
@@ -76,7 +77,7 @@ def _family_case(family: str) -> ModelCase:
     def tool_call(name: str, arguments: Mapping[str, Any]) -> str:
         return sampled(fam.native(tool_calls=[(name, dict(arguments))]))
 
-    return ModelCase(family, str(families.family_model_dir(family)), tool_call,
+    return ModelCase(family, str(families.suite_model_dir(family)), tool_call,
                      answer=lambda text: sampled(fam.native(content=text)))
 
 

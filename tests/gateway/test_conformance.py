@@ -2,7 +2,8 @@
 through a real gateway on loopback, with the official `openai` SDK as client.
 
 Each family gets one gateway (the scripted engine on the family's tiny model folder, built around
-the family's REAL chat template). Each reply is scripted in the family's native sampled format
+the family's REAL chat template, on its real vocabulary where it has one: tests/families.py
+`suite_model_dir`). Each reply is scripted in the family's native sampled format
 (`Family.native`, stop token included) and echoed back exactly as the SDK returned it, either
 `message.model_dump(exclude_none=True)` or the raw `message.model_dump()` with its nulls.
 
@@ -21,7 +22,7 @@ For each cell and each call the checks are (`Cell`):
 - continuation or root as expected (`continued` / `expected_continuations`), with the reason
   recorded by the gateway's decision (REWRITTEN for the compacted request);
 - token-exact: the engine's full prompt (the ledger's; also what the engine was asked and
-  usage.prompt_tokens) equals the tiny tokenizer's tokenization of
+  usage.prompt_tokens) equals the model folder's tokenizer's tokenization of
   `apply_chat_template(engine_messages(messages), tools, add_generation_prompt=True)`; for a call
   marked history_drift, its prefix is the parent's exact context (prompt + sampled ids) and the
   rest is the tokenization of what the template writes after the parent's turn (the boundary found
@@ -51,7 +52,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from families import FAMILIES, require_families, Family, family, family_model_dir  # noqa: E402
+from families import FAMILIES, require_families, Family, family, suite_model_dir  # noqa: E402
 from fixtures_http import TestEngine, full_prompt  # noqa: E402
 
 import rowgrove.gateway.sessions as gw_sessions  # noqa: E402
@@ -181,8 +182,8 @@ class Matrix:
             from rowgrove.gateway.testing import launch_gateway
 
             torch.set_num_threads(1)
-            engine = TestEngine(make_engine("scripted", str(family_model_dir(name))))
-            gw = launch_gateway(str(family_model_dir(name)), engine=engine)
+            engine = TestEngine(make_engine("scripted", str(suite_model_dir(name))))
+            gw = launch_gateway(str(suite_model_dir(name)), engine=engine)
             gw.test_engine = engine
             self.gateways[name] = gw
         return gw
@@ -596,7 +597,7 @@ def facts_table(matrix: Matrix) -> str:
     for name in NAMES:
         gw = matrix.gateway(name)
         g = gw.gateway
-        config = json.loads((family_model_dir(name) / "generation_config.json").read_text(encoding="utf-8"))
+        config = json.loads((suite_model_dir(name) / "generation_config.json").read_text(encoding="utf-8"))
         eos = config["eos_token_id"]
         eos = eos if isinstance(eos, list) else [eos]
         stops = ", ".join(f"`{_cell_text(t)}`" for t in g.tokenizer.convert_ids_to_tokens(eos))
