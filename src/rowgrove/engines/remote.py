@@ -41,6 +41,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import orjson
 
 # check_generation lives in rowgrove.engines.base (every engine's answer is checked); kept importable here
 from rowgrove.engines.base import Generation, SamplingParams, check_generation, check_prompt
@@ -51,8 +52,9 @@ from rowgrove.errors import BadRequest, EngineError, InputError, Unavailable
 
 # A rollout's server is remembered for this many rollouts (least recently used are forgotten).
 _AFFINITY_SIZE = 200_000
-# The rollouts' last checked prompts are kept up to this many ids in all (8 bytes each: the int
-# objects are the caller's), least recently used forgotten first (`RemoteEngine.checked_prompt`).
+# The rollouts' last checked prompts are kept up to this many ids in all (8 bytes each, the int
+# objects being the caller's, plus their JSON once written: 4-8 bytes each), least recently used
+# forgotten first (`RemoteEngine.checked_prompt`).
 _CHECKED_IDS = 16 << 20
 # The probe text of the tokenizer check: ASCII, CJK, an emoji, digits and whitespace runs, so a
 # different vocabulary, normalizer or pre-tokenizer shows as different ids.
@@ -65,6 +67,17 @@ PROBE_MESSAGES = (
     {"role": "assistant", "content": "4"},
     {"role": "user", "content": "And 3 + 3?"},
 )
+
+
+class _Checked:
+    """A rollout's last checked prompt (`ids`, not to be mutated), its JSON once written, and
+    until then the JSON of the previous prompt it extends with that prompt's length (`head`)."""
+
+    __slots__ = ("head", "ids", "json")
+
+    def __init__(self, ids: list[int], head: tuple[bytes, int] | None):
+        self.ids, self.head = ids, head
+        self.json: bytes | None = None
 
 
 def parse_urls(urls: str | Sequence[str]) -> list[str]:
@@ -136,8 +149,9 @@ class RemoteEngine(ABC):
         self.in_flight = [0] * len(self.urls)
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._next = 0  # where the next tie among least-loaded servers is broken
-        self._checked: OrderedDict[str, list[int]] = OrderedDict()  # rollout -> its last checked prompt
+        self._checked: OrderedDict[str, _Checked] = OrderedDict()  # rollout -> its last checked prompt
         self._checked_ids = 0
+        self._last_checked: _Checked | None = None
         self._clients: dict[asyncio.AbstractEventLoop, ServerClient] = {}
         self._closed = False
 
@@ -228,20 +242,39 @@ class RemoteEngine(ABC):
         in Python cost 6-7 ms at 88k prompt ids, per call (docs/gateway.md, "Long conversations").
         Equal values are the same ids, so the list returned is the one `check_prompt` returns."""
         held = self._checked.get(rollout_id) if rollout_id is not None else None
-        n = len(held) if held is not None else 0
-        if held is not None and type(prompt_ids) is list and len(prompt_ids) > n and prompt_ids[:n] == held:
-            prompt = held + check_prompt(prompt_ids[n:], self.vocab_size)
+        n = len(held.ids) if held is not None else 0
+        if held is not None and type(prompt_ids) is list and len(prompt_ids) > n and prompt_ids[:n] == held.ids:
+            prompt = held.ids + check_prompt(prompt_ids[n:], self.vocab_size)
+            memo = _Checked(prompt, (held.json, n) if held.json is not None else None)
         else:
             prompt = check_prompt(prompt_ids, self.vocab_size)
+            memo = _Checked(prompt, None)
+        self._last_checked = memo
         if rollout_id is not None:
             if held is not None:
                 self._checked_ids -= n
-            self._checked[rollout_id] = prompt
+            self._checked[rollout_id] = memo
             self._checked.move_to_end(rollout_id)
             self._checked_ids += len(prompt)
             while self._checked_ids > _CHECKED_IDS and len(self._checked) > 1:
-                self._checked_ids -= len(self._checked.popitem(last=False)[1])
+                self._checked_ids -= len(self._checked.popitem(last=False)[1].ids)
         return prompt
+
+    def prompt_json(self, prompt: list[int]) -> bytes:
+        """`orjson.dumps(prompt)`, for the prompt `checked_prompt` returned last: when it extends
+        its rollout's previous prompt, whose JSON was written, that JSON is reused and only the
+        new ids are written (a copy of bytes instead of writing 88k ids anew: 0.6-1 ms a call)."""
+        memo = self._last_checked
+        if memo is None or memo.ids is not prompt:
+            return orjson.dumps(prompt)
+        if memo.json is None:
+            if memo.head is not None:
+                head, n = memo.head
+                memo.json = b"".join((memoryview(head)[:-1], b",", memoryview(orjson.dumps(prompt[n:]))[1:]))
+            else:
+                memo.json = orjson.dumps(prompt)
+            memo.head = None
+        return memo.json
 
     async def _abort_quietly(self, url: str, rid: str) -> None:
         try:

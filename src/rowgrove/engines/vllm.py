@@ -94,6 +94,7 @@ class VLLMEngine(RemoteEngine):
     async def _generate(self, client: ServerClient, url: str, prompt: list[int],
                         sampling: SamplingParams, rid: str) -> Generation:
         body = self.request_body(prompt, sampling)
+        body["prompt"] = orjson.Fragment(self.prompt_json(prompt))  # the rollout's last prompt's JSON reused
         headers = {"x-request-id": rid, "content-type": "application/json"}
         acc = _Accumulator(sampling.top_logprobs)
         async with client.stream("POST", f"{url}/v1/completions", content=orjson.dumps(body),
