@@ -43,6 +43,7 @@ import trl_async_rollouts as R  # noqa: E402
 from trl.experimental.async_grpo import AsyncGRPOConfig  # noqa: E402
 from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset, _iter_vllm_named_params  # noqa: E402
 
+from rowgrove.engines.verify import policy_logprobs  # noqa: E402
 from rowgrove.errors import InputError  # noqa: E402
 from rowgrove.integrations.harness import rollouts_to_rows  # noqa: E402
 from rowgrove.integrations.trl_async import (  # noqa: E402
@@ -167,7 +168,8 @@ def test_worker_and_weight_transfer_against_a_live_gateway(folder, model_tok, tm
             return rollouts_to_rows(gw.url, prompts, R.make_agent(traces), concurrency=1)
 
         worker = RowgroveRolloutWorker(config(tmp_path), rows_fn, R.PROMPTS[:1], prompts_per_step=2)
-        transfer = GatewayWeightTransfer(gw.url, tmp_path / "weights")
+        transfer = GatewayWeightTransfer(gw.url, tmp_path / "weights", trained.config,
+                                         reference=lambda ids: policy_logprobs(trained, ids))
         transfer.init_weight_transfer()
         v0 = transfer.versions[-1]
         transfer.send_weights(_iter_vllm_named_params(trained))  # the cold sync at train begin
@@ -190,6 +192,7 @@ def test_worker_and_weight_transfer_against_a_live_gateway(folder, model_tok, tm
         finally:
             worker.stop()
         assert transfer.versions == [v0, v0 + 1, v0 + 2]
+        assert len(transfer.gaps) == 2 and max(transfer.gaps) <= 1e-3  # each sync verified by the probe
         assert int(gw.get("/v1/weights")["weights_version"]) == v0 + 2
         assert [s["advantage"] != 0 for s in first].count(True) >= 4
         assert worker.steps_produced >= 3

@@ -3,7 +3,7 @@ weight transfer into the engine the gateway samples from.
 
     args = AsyncGRPOConfig(..., token_budget=0, weight_sync_steps=1, temperature=1.0)
     worker = RowgroveRolloutWorker(args, rows_fn, prompts, prompts_per_step=4)
-    transfer = GatewayWeightTransfer(GATEWAY_URL, folder="/shared/rowgrove-weights")
+    transfer = GatewayWeightTransfer(GATEWAY_URL, "/shared/rowgrove-weights", config=model_config)
     AsyncGRPOTrainer(model_path, args=args, train_dataset=..., rollout_worker=worker,
                      weight_transfer=transfer).train()
 
@@ -49,11 +49,13 @@ is taken against the sampler's own logprobs. Refused: `token_budget != 0`, `weig
 `max_staleness < max_lag`, `temperature != 1` (the trainer would divide its logits by it while the
 engine reports raw logprobs).
 
-The weight path. `GatewayWeightTransfer` writes the trainer's tensors once per sync to a folder
-both can read and posts it to the gateway (`POST /v1/weights {"path": ...}`): an in-process engine
-loads the tensors, a vLLM/SGLang engine reloads and checks its logprobs against the synced
-weights (rowgrove.engines.verify) before answering. A sync that fails or leaves the gateway's
-version where it was raises; training never goes on off-policy silently.
+The weight path. `GatewayWeightTransfer` is rowgrove's one weight path (`GatewaySync`, as the
+synchronous TRL trainer uses it): the trainer's tensors are written once per sync to a folder both
+can read and posted to the gateway (`POST /v1/weights {"path": ...}`): an in-process engine loads
+the tensors, a vLLM/SGLang engine reloads and checks its logprobs against the synced weights
+(rowgrove.engines.verify) before answering; given the trainer's logprobs (`reference`), a probe
+call checks what the gateway now samples with. A sync that fails, leaves the gateway's version
+where it was, or misses the probe's tolerance raises; training never goes on off-policy silently.
 """
 
 from __future__ import annotations
@@ -290,57 +292,49 @@ class RowgroveRolloutWorker:
 
 
 class GatewayWeightTransfer:
-    """AsyncGRPO's weight transfer (`WeightTransferProtocol`) into the gateway's engine: each sync
-    writes `folder/model.safetensors` (the tensors AsyncGRPO streams, on CPU) and posts the folder
-    to `POST {gateway_url}/v1/weights`; it raises unless the gateway answers 200 with a higher
-    weight version. `folder` must be readable by the gateway (and by its vLLM/SGLang servers)."""
+    """AsyncGRPO's weight transfer (`WeightTransferProtocol`) into the gateway's engine, through
+    rowgrove's one weight path (`rowgrove.integrations.gateway_sync.GatewaySync`): each sync
+    writes the tensors AsyncGRPO streams as a checkpoint under `sync_dir` (with `config`, the
+    model's transformers config, as its config.json), posts it to `POST {gateway_url}/v1/weights`,
+    and raises `WeightSyncError` unless the gateway's version moved (a vLLM/SGLang engine also
+    checks its servers' logprobs against the folder). With `reference` (the trainer model's
+    log p(ids[i] | ids[:i]), e.g. `lambda ids: policy_logprobs(trainer.model, ids)`, settable
+    after the trainer exists) every sync is also verified by `GatewaySync.verify`'s probe call
+    against the trainer's own logprobs, as `RowgroveGRPOTrainer(gateway_url=...)` does.
+    `sync_dir` must be readable by the gateway (and by its vLLM/SGLang servers)."""
 
-    def __init__(self, gateway_url: str, folder: str | Path, *, admin_key: str | None = None, timeout: float = 600.0):
-        self.url = gateway_url.rstrip("/")
-        self.folder = Path(folder)
-        self.headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
-        self.timeout = timeout
+    def __init__(self, gateway_url: str, sync_dir: str | Path, config: Any, *,
+                 reference: Callable[[Sequence[int]], Sequence[float]] | None = None,
+                 tolerance: float | None = None, admin_key: str | None = None, timeout: float = 600.0):
+        from rowgrove.integrations.gateway_sync import GatewaySync
+
+        self.sync = GatewaySync(gateway_url, sync_dir, tolerance=tolerance, admin_key=admin_key, timeout=timeout)
+        self.config = config
+        self.reference = reference
         self.versions: list[int] = []
-
-    def _request(self, method: str, body: Any = None) -> dict[str, Any]:
-        import httpx
-
-        try:
-            r = httpx.request(method, f"{self.url}/v1/weights", json=body, headers=self.headers, timeout=self.timeout)
-        except httpx.HTTPError as e:
-            raise AsyncGRPOError(f"{method} {self.url}/v1/weights failed: {type(e).__name__}: {e}: is the gateway "
-                                 "running at that address?") from e
-        if r.status_code != 200:
-            raise AsyncGRPOError(f"{method} {self.url}/v1/weights answered {r.status_code}: {r.text[:500]}")
-        return r.json()
+        self.gaps: list[float] = []  # the probe's largest logprob gap per verified sync
 
     def init_weight_transfer(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.versions = [int(self._request("GET")["weights_version"])]
+        self.versions = [self.sync.version()]
 
     def pause(self) -> None:
         """Nothing: the engine applies an update between forward passes (vLLM: inside its own pause)."""
 
     def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
-        from safetensors.torch import save_file
-
         state = {name: t.detach().to("cpu").contiguous().clone() for name, t in iterator}
         if not state:
             raise AsyncGRPOError("AsyncGRPO streamed no tensors to send")
-        before = self.versions[-1] if self.versions else int(self._request("GET")["weights_version"])
-        self.folder.mkdir(parents=True, exist_ok=True)
-        save_file(state, str(self.folder / "model.safetensors"))
-        got = int(self._request("POST", {"path": str(self.folder.resolve())})["weights_version"])
-        if got <= before:
-            raise AsyncGRPOError(f"the gateway's engine still reports weight version {got} after a sync from "
-                                 f"version {before}: the update did not reach the engine it samples from")
-        self.versions.append(got)
+        version = self.sync.push(state, self.config)
+        if self.reference is not None:
+            gap, _n = self.sync.verify(self.reference, version, note="asyncgrpo")
+            self.gaps.append(gap)
+        self.versions.append(version)
 
     def resume(self) -> None:
         """Nothing (see `pause`)."""
 
     def destroy(self) -> None:
-        """Nothing to release: the folder keeps the last synced weights."""
+        """Nothing to release: `sync_dir` keeps the last synced weights."""
 
 
 __all__ = ["AsyncGRPOError", "GatewayWeightTransfer", "RowgroveRolloutWorker", "check_config", "rows_to_samples"]
