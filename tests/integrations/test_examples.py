@@ -43,6 +43,8 @@ def test_trl_example_runs():
     assert "trained 2 steps; last step: 4 rollouts, 8 rows" in out
     norms = [float(x) for x in out.split("gradient norms [")[1].split("]")[0].split(",")]
     assert len(norms) == 2 and all(n > 0 for n in norms)
+    syncs, gap = out.split("verified syncs: ")[1].split("; largest engine - trainer logprob gap ")
+    assert int(syncs) == 3 and float(gap) <= 1e-3, out  # at the start and after each of the 2 steps
 
 
 @pytest.mark.trainers
