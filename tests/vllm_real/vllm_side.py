@@ -5,9 +5,11 @@ rowgrove with. Reads one JSON job from stdin, writes one JSON answer to stdout.
     {"render": [{"model": FOLDER, "messages": [...], "tools": [...]|null, "kwargs": {...}}, ...],
      "parse":  [{"model": FOLDER, "tool_parser": NAME|null, "reasoning_parser": NAME|null,
                  "ids": [sampled ids, stop token excluded], "tools": [...]|null, "kwargs": {...},
-                 "harmony": bool (gpt-oss: the server's HarmonyParser, as for model_type gpt_oss)}, ...]}
+                 "harmony": bool (gpt-oss: the server's HarmonyParser, as for model_type gpt_oss),
+                 "prompt_ids": [the generation prompt's ids, for the streamed parse]}, ...]}
     -> {"render": [{"ids": [...]} | {"error": "..."}], "parse": [{"reasoning", "content",
-        "tool_calls": [{"name", "arguments"}], "text"} | {"error": "..."}]}
+        "tool_calls": [{"name", "arguments"}], "text", "streamed": {"reasoning", "content",
+        "tool_calls"} | {"error": "..."}} | {"error": "..."}]}
 
 Rendering is the `/tokenize` route with `messages` (vllm/entrypoints/serve/tokenize/serving.py:
 `OnlineRenderer.preprocess_chat` with a `TokenizeChatRequest`), which is the chat-completions
@@ -17,7 +19,16 @@ path (vllm/entrypoints/openai/chat_completion/serving.py, chat_completion_full_g
 `ParserManager.get_parser(...)` composed from the named parsers, `adjust_request` as
 preprocess_chat applies it (it may turn off skip_special_tokens, as the mistral parser does), the
 sampled ids detokenized as the request's `skip_special_tokens` says, then `parser.parse(text,
-request, enable_auto_tools=True, model_output_token_ids=ids)`.
+request, enable_auto_tools=True, model_output_token_ids=ids)`. The streamed parse is the same
+route's streaming path (chat_completion_stream_generator): a fresh parser fed one sampled id at a
+time through `parser.parse_delta(delta_text, delta_token_ids, request, prompt_token_ids,
+finished=...)`, the delta text held back while it ends inside a UTF-8 character (as the
+incremental detokenizer does), and the deltas summed: reasoning and content concatenated, each
+tool call's name and argument pieces joined by index.
+
+gpt-oss (harmony) loads the o200k encoding through openai_harmony: the caller points
+TIKTOKEN_ENCODINGS_BASE at a folder holding `o200k_base.tiktoken` (written offline from the
+gpt-oss tokenizer.json, see real_vllm.write_o200k), so nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -62,7 +73,8 @@ def render(job: dict[str, Any], config: Any, renderers: dict[str, Any]) -> list[
     return list(engine_input["prompt_token_ids"])
 
 
-def parse(job: dict[str, Any], config: Any, renderers: dict[str, Any]) -> dict[str, Any]:
+def _parser(job: dict[str, Any], config: Any, renderers: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(tokenizer, a fresh parser, its adjusted request) for one parse job."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.parser.parser_manager import ParserManager
     from vllm.renderers.online_renderer import OnlineRenderer
@@ -78,10 +90,15 @@ def parse(job: dict[str, Any], config: Any, renderers: dict[str, Any]) -> dict[s
                                           enable_auto_tools=True, model_name=folder, tokenizer=tokenizer,
                                           is_harmony=bool(job.get("harmony")))
     request = ChatCompletionRequest(model=folder, messages=[{"role": "user", "content": "hi"}],
-                                    tools=job.get("tools"), chat_template_kwargs=job.get("kwargs") or None)
+                                    tools=job.get("tools"), chat_template_kwargs=job.get("kwargs") or None,
+                                    stream=bool(job.get("stream")))
     parser = parser_cls(tokenizer, request.tools, chat_template_kwargs=job.get("kwargs") or {},
                         model_config=config.model_config)
-    request = parser.adjust_request(request=request)
+    return tokenizer, parser, parser.adjust_request(request=request)
+
+
+def parse(job: dict[str, Any], config: Any, renderers: dict[str, Any]) -> dict[str, Any]:
+    tokenizer, parser, request = _parser(job, config, renderers)
     text = tokenizer.decode(job["ids"], skip_special_tokens=request.skip_special_tokens)
     reasoning, content, tool_calls = parser.parse(text, request, enable_auto_tools=True,
                                                   model_output_token_ids=job["ids"])
@@ -89,7 +106,43 @@ def parse(job: dict[str, Any], config: Any, renderers: dict[str, Any]) -> dict[s
     for tc in tool_calls or []:
         fn = getattr(tc, "function", tc)  # FunctionCall (name, arguments) or a ToolCall around one
         calls.append({"name": fn.name, "arguments": json.loads(fn.arguments or "{}")})
-    return {"reasoning": reasoning, "content": content, "tool_calls": calls, "text": text}
+    out = {"reasoning": reasoning, "content": content, "tool_calls": calls, "text": text}
+    if job.get("prompt_ids") is not None:
+        try:
+            out["streamed"] = parse_streamed({**job, "stream": True}, config, renderers)
+        except Exception as e:  # noqa: BLE001 - reported, the test names it
+            out["streamed"] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-1500:]}
+    return out
+
+
+def parse_streamed(job: dict[str, Any], config: Any, renderers: dict[str, Any]) -> dict[str, Any]:
+    """The sampled ids one at a time through a fresh parser's parse_delta, the deltas summed."""
+    tokenizer, parser, request = _parser(job, config, renderers)
+    ids = list(job["ids"])
+    reasoning, content = "", ""
+    calls: dict[int, dict[str, str]] = {}
+    emitted, pending = "", []
+    for i, tid in enumerate(ids):
+        pending.append(tid)
+        finished = i == len(ids) - 1
+        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=request.skip_special_tokens)
+        if text.endswith("\ufffd") and not finished:
+            continue  # inside a UTF-8 character: the detokenizer waits for the rest
+        delta, emitted = text[len(emitted):], text
+        msg = parser.parse_delta(delta, pending, request, prompt_token_ids=job["prompt_ids"], finished=finished)
+        pending = []
+        if msg is None:
+            continue
+        reasoning += msg.reasoning or ""
+        content += msg.content or ""
+        for tc in msg.tool_calls or []:
+            slot = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            if tc.function is not None:
+                slot["name"] += tc.function.name or ""
+                slot["arguments"] += tc.function.arguments or ""
+    return {"reasoning": reasoning or None, "content": content or None,
+            "tool_calls": [{"name": c["name"], "arguments": json.loads(c["arguments"] or "{}")}
+                           for _, c in sorted(calls.items())]}
 
 
 def main() -> None:
