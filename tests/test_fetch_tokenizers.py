@@ -75,7 +75,7 @@ def npm(tmp_path):
         pins[name] = {"package": f"{package}@{ft.VERSION}",
                       "files": {f: hashlib.sha256(d).hexdigest() for f, d in files.items()}}
     hashes = tmp_path / "pins.json"
-    hashes.write_text(json.dumps({"version": ft.VERSION, "tokenizers": pins}))
+    hashes.write_text(json.dumps({"version": ft.VERSION, ft.PINS_KEY: pins}))
     log = tmp_path / "npm.log"
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_NPM_PACKAGES": str(packages),
            "FAKE_NPM_LOG": str(log)}
@@ -96,12 +96,14 @@ def test_the_pins_cover_every_tokenizer_the_tests_read():
 def test_the_script_and_the_tests_look_in_the_same_folder(monkeypatch, tmp_path):
     import realfiles
 
-    for env in ({}, {"ROWGROVE_CACHE": str(tmp_path / "c")}, {"ROWGROVE_TOKENIZERS": str(tmp_path / "t")}):
+    for env in ({"HOME": str(tmp_path / "h")}, {"ROWGROVE_CACHE": str(tmp_path / "c")},
+                {"ROWGROVE_TOKENIZERS": str(tmp_path / "t")}):
         monkeypatch.delenv("ROWGROVE_CACHE", raising=False)
         monkeypatch.delenv("ROWGROVE_TOKENIZERS", raising=False)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        assert ft.default_out() == realfiles.tokenizers_dir()
+        ft.write_files(ft.default_out(), "qwen3", {f: b"{}" for f in ft.FILES})
+        assert ft.default_out() == realfiles.tokenizer_folder("qwen3").parent  # (created below, so no skip)
 
 
 def test_fetches_checks_writes_and_fetches_nothing_twice(npm, tmp_path):
