@@ -20,22 +20,28 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from families import FAMILIES, require_families  # noqa: E402
+from test_content_parts_roles import TEMPLATES as EXCERPTS  # noqa: E402
 
 from rowgrove.gateway.core.incremental import analyse  # noqa: E402
-from rowgrove.gateway.core.preprocess import detect_content_format, engine_message  # noqa: E402
+from rowgrove.gateway.core.preprocess import detect_content_format, detect_part_roles, engine_message  # noqa: E402
 from rowgrove.gateway.core.window import fast_engine, plain, split  # noqa: E402
 from rowgrove.model.templates import TEMPLATES  # noqa: E402
 
-# every template rowgrove ships, and every real family template (read when a test asks for it,
-# so a missing one skips that test)
-NAMES = sorted([f"rowgrove:{name}" for name in TEMPLATES] + list(FAMILIES))
+# every template rowgrove ships, every real family template (read when a test asks for it, so a
+# missing one skips that test), and the excerpts of templates that read parts for some roles only
+# (Kimi K2, Ministral 3: tests/gateway/test_content_parts_roles.py)
+NAMES = sorted([f"rowgrove:{name}" for name in TEMPLATES] + list(FAMILIES) + [f"excerpt:{name}" for name in EXCERPTS])
 
 
 def source_of(name: str) -> str:
-    """The template text of `name`: a shipped template, or a family's real one (skips when absent)."""
+    """The template text of `name`: a shipped template, an excerpt, or a family's real one (skips
+    when absent)."""
     if name.startswith("rowgrove:"):
         return TEMPLATES[name.removeprefix("rowgrove:")].jinja
+    if name.startswith("excerpt:"):
+        return EXCERPTS[name.removeprefix("excerpt:")]
     return FAMILIES[name].chat_template()
 
 
@@ -97,7 +103,7 @@ def conversations(draw, images: bool):
     return msgs, tools, opts
 
 
-def _prepare(msgs: list[dict], fmt: str) -> list[dict]:
+def _prepare(msgs: list[dict], fmt: frozenset[str]) -> list[dict]:
     out = []
     for i, m in enumerate(msgs):
         content = m.get("content")
@@ -147,7 +153,7 @@ def test_fast_path_equals_apply_chat_template_or_declines(name, tokenizer):
     source = source_of(name)
     special = dict(tokenizer.special_tokens_map)
     engine, _why = fast_engine(source, special)
-    fmt = detect_content_format(source)
+    fmt = detect_part_roles(source)  # as the gateway's Renderer prepares messages for both paths
     images = "image" in source
 
     @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -200,14 +206,21 @@ def _tool_turn(parts: bool) -> list[dict]:
 def test_text_parts_render_as_their_string_on_every_template(name, tokenizer):
     """A tool result sent as `[{"type": "text", "text": ...}]` renders exactly as the same result
     sent as a string: no template (GLM-4.6's tool branch loops over content without asking a
-    part's type) ever prints a part's Python repr."""
+    part's type; Kimi K2's and Ministral 3's tool branches print the content whole while other
+    roles' branches read parts) ever prints a part's Python repr."""
     source = source_of(name)
-    fmt = detect_content_format(source)
+    fmt = detect_part_roles(source)
+
+    engine, _why = fast_engine(source, dict(tokenizer.special_tokens_map))
 
     def render(parts: bool) -> str:
         prepared = [engine_message(m, i, fmt) for i, m in enumerate(_tool_turn(parts))]
-        return tokenizer.apply_chat_template(prepared, tools=TOOLS, add_generation_prompt=True, tokenize=False,
+        text = tokenizer.apply_chat_template(prepared, tools=TOOLS, add_generation_prompt=True, tokenize=False,
                                              chat_template=source)
+        if engine is not None:  # the fast path renders the same messages, and the same text
+            raw = engine.render(prepared, TOOLS, {}, True)
+            assert raw is not None and split(raw).text == text
+        return text
 
     text = render(True)
     assert "sunny, 21C" in text and "'type'" not in text and "'text'" not in text

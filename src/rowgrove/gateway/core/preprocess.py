@@ -9,12 +9,14 @@ before `apply_chat_template` (SGLang's `conversation`/`jinja_template_utils` doe
   `function_call`, any `null`) is dropped;
 - content `null` becomes `""` (a tool-call turn as the gateway returns it);
 - content given as a list of parts is flattened to one string (text parts joined by "\\n") for
-  templates that take a string; templates that iterate over `message.content` and read each
-  part's `type` ("openai" content format, detected from the template's syntax tree) get the list
-  of text parts; a plain string stays a string, as SGLang passes it;
-- tool-call `arguments` (a JSON string on the wire) are parsed to an object: templates such as
-  Qwen3-Coder and GLM-4.6 iterate `arguments | items`, and every template writes an object the way
-  the model sampled it rather than as an escaped string;
+  the roles whose content the template takes as a string; where the template iterates over a
+  role's `message.content` and reads each part's `type` (decided per role from the template's
+  syntax tree, `detect_part_roles`), messages of that role get the list of text parts; a plain
+  string stays a string, as SGLang passes it;
+- a tool call's keys are in the order vLLM's request model rebuilds them: `id`, `function`
+  (`arguments`, then `name`), `type`; tool-call `arguments` (a JSON string on the wire) are
+  parsed to an object: templates such as Qwen3-Coder and GLM-4.6 iterate `arguments | items`, and
+  every template writes an object the way the model sampled it rather than as an escaped string;
 - `reasoning_content` / `reasoning` set both names on an assistant message, and (as transformers'
   `apply_chat_template` does) `thinking` too, for harmony templates.
 
@@ -32,6 +34,7 @@ import orjson
 
 from rowgrove.errors import BadRequest
 from rowgrove.gateway.core.messages import NO_IMAGES, RequestImages
+from rowgrove.hashing import ROLES
 
 STRING = "string"
 OPENAI = "openai"
@@ -41,29 +44,152 @@ _IMAGE_PARTS = ("image_url", "input_image")
 
 
 def detect_content_format(chat_template: str) -> str:
-    """"openai" when the template reads a message's content parts by their type, else "string".
+    """"openai" when the template reads the content parts of some role's messages by their type
+    (`detect_part_roles` is not empty), else "string"."""
+    return OPENAI if detect_part_roles(chat_template) else STRING
 
-    vLLM's `_detect_content_format` says "openai" for any `for` over `m.content` / `m['content']`
-    (or over a variable assigned from one); a template that loops over content but never asks a
-    part's `type` (GLM-4.6's tool branch prints each item) then prints a text part as a Python
-    dict repr (vllm#39614). Here a list of text parts reaches the template as the string it
-    stands for unless such a loop also reads `part.type` / `part['type']`: only then does the
-    template know what a part is."""
+
+def detect_part_roles(chat_template: str) -> frozenset[str]:
+    """The roles (of `hashing.ROLES`) whose messages' content parts the template reads by type:
+    a list of text parts reaches the template as a list for these roles and as the string it
+    stands for (parts joined by "\\n") for every other role.
+
+    A role reads parts when a `for` over a message's content (`m.content`, `m['content']`, a
+    filter or slice of one, a list of its items, or a variable set to one of those) reads its
+    item's `type` (`part.type` / `part['type']`), and the `if` / `elif` / `else` branches around
+    that loop can be taken for a message of that role. Each branch's role is decided from the tests of that
+    same message's role (`m.role == 'user'`, `m['role'] != 'tool'`, `m.role in [...]`, joined by
+    `and` / `or` / `not`, a variable set from `m.role`); a test that says nothing about the role
+    leaves every role possible. So Ministral 3 (parts read for system, user and assistant; the
+    tool branch writes `message['content']|string`) and the first Kimi K2 template (its tool
+    branch prints `message['content']`) get a tool result as its string, while their user
+    messages keep image and text parts as a list.
+
+    vLLM's `_detect_content_format` says "openai" for the whole template when any `for` walks
+    content, whether or not it asks a part's `type`; GLM-4.6's tool branch loops over content
+    and prints each item, so there a text part is printed as a Python dict repr (vllm#39614). vLLM (and
+    SGLang) flatten a tool message's text parts before rendering; for other roles rowgrove's
+    decision is per role where vLLM's is per template (docs/families.md)."""
     try:
         ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(chat_template)
     except jinja2.TemplateError:
-        return STRING
-    names: set[str] = set()
+        return frozenset()
+    holders: dict[str, list[jn.Node]] = {}  # variable -> the message expressions its content came from
+    role_names: dict[str, list[jn.Node]] = {}  # variable -> the message expressions its role came from
     for node in ast.find_all(jn.Assign):
-        if isinstance(node.target, jn.Name) and _is_content_access(node.node):
-            names.add(node.target.name)
-    for loop in ast.find_all(jn.For):
+        if not isinstance(node.target, jn.Name):
+            continue
+        held = _parts_of(node.node)
+        if held:
+            holders.setdefault(node.target.name, []).extend(held)
+        if _is_role_access(node.node):
+            role_names.setdefault(node.target.name, []).append(node.node.node)
+    loops: list[tuple[jn.For, tuple[tuple[jn.Expr, bool], ...]]] = []
+    _branches(ast, (), loops)
+    roles: set[str] = set()
+    for loop, path in loops:
         it = loop.iter
-        if isinstance(it, jn.Filter) and it.node is not None:
-            it = it.node
-        if (_is_content_access(it) or (isinstance(it, jn.Name) and it.name in names)) and _reads_type(loop):
-            return OPENAI
-    return STRING
+        owners = holders.get(it.name, []) if isinstance(it, jn.Name) else _parts_of(it)
+        if not owners or not _reads_type(loop):
+            continue
+        for owner in owners:
+            roles.update(r for r in ROLES if _possible(path, owner, r, role_names))
+    return frozenset(roles)
+
+
+def _parts_of(node: jn.Node) -> list[jn.Node]:
+    """The messages whose content parts `node` lists: `m.content` / `m['content']` (-> [m]), a
+    filter or slice of one (`m.content | sort(attribute='type')`, `m.content[1:]`), or a list of
+    such parts (`[m.content[1], m.content[0]]`); [] for anything else (a macro's result, a
+    variable)."""
+    while isinstance(node, jn.Filter) and node.node is not None:
+        node = node.node
+    if isinstance(node, jn.Getitem) and isinstance(node.arg, jn.Slice):
+        node = node.node
+    if _is_content_access(node):
+        return [node.node]
+    if isinstance(node, jn.List | jn.Tuple):
+        items = [x.node if isinstance(x, jn.Getitem) and _is_content_access(x.node) else None for x in node.items]
+        return [x.node for x in items if x is not None] if items and None not in items else []
+    return []
+
+
+def _branches(node: jn.Node, path: tuple[tuple[jn.Expr, bool], ...],
+              out: list[tuple[jn.For, tuple[tuple[jn.Expr, bool], ...]]]) -> None:
+    """Every `for` under `node` with the `if` tests (and the outcome each must have) on the way
+    to it: the body of `if t` needs t true, its `elif u` needs t false and u true, its `else`
+    needs every test false."""
+    if isinstance(node, jn.For):
+        out.append((node, path))
+    if isinstance(node, jn.If):
+        before: tuple[tuple[jn.Expr, bool], ...] = ()
+        for branch in (node, *node.elif_):
+            for child in branch.body:
+                _branches(child, path + before + ((branch.test, True),), out)
+            before += ((branch.test, False),)
+        for child in node.else_:
+            _branches(child, path + before, out)
+        return
+    for child in node.iter_child_nodes():
+        _branches(child, path, out)
+
+
+def _possible(path: tuple[tuple[jn.Expr, bool], ...], owner: jn.Node, role: str,
+              role_names: Mapping[str, list[jn.Node]]) -> bool:
+    """Whether a message `owner` of role `role` can take the branches of `path` (no test on the
+    way decides against it)."""
+    for test, want in path:
+        got = _truth(test, owner, role, role_names)
+        if got is not None and got != want:
+            return False
+    return True
+
+
+def _truth(test: jn.Node, owner: jn.Node, role: str, role_names: Mapping[str, list[jn.Node]]) -> bool | None:
+    """The value of `test` for a message `owner` of role `role`, or None where it depends on
+    anything else."""
+    if isinstance(test, jn.Not):
+        got = _truth(test.node, owner, role, role_names)
+        return None if got is None else not got
+    if isinstance(test, jn.And | jn.Or):
+        left = _truth(test.left, owner, role, role_names)
+        right = _truth(test.right, owner, role, role_names)
+        decisive = isinstance(test, jn.Or)  # the value that decides `or` (True) / `and` (False)
+        if left is decisive or right is decisive:
+            return decisive
+        return None if left is None or right is None else not decisive
+    if not isinstance(test, jn.Compare) or len(test.ops) != 1:
+        return None
+    op = test.ops[0]
+    left, right = test.expr, op.expr
+    if _role_of(right, owner, role_names) and op.op in ("eq", "ne"):
+        left, right = right, left
+    if not _role_of(left, owner, role_names):
+        return None
+    if op.op in ("eq", "ne") and isinstance(right, jn.Const) and isinstance(right.value, str):
+        return (role == right.value) == (op.op == "eq")
+    if op.op in ("in", "notin") and isinstance(right, jn.List | jn.Tuple) \
+            and all(isinstance(x, jn.Const) for x in right.items):
+        return (role in [x.value for x in right.items]) == (op.op == "in")
+    return None
+
+
+def _role_of(node: jn.Node, owner: jn.Node, role_names: Mapping[str, list[jn.Node]]) -> bool:
+    """Whether `node` is the role of message `owner`: `owner.role`, `owner['role']`, or a variable
+    set only from that."""
+    if _is_role_access(node):
+        return node.node == owner
+    if isinstance(node, jn.Name) and node.name in role_names:
+        return all(o == owner for o in role_names[node.name])
+    return False
+
+
+def _is_role_access(node: jn.Node) -> bool:
+    if isinstance(node, jn.Getattr):
+        return node.attr == "role"
+    if isinstance(node, jn.Getitem):
+        return isinstance(node.arg, jn.Const) and node.arg.value == "role"
+    return False
 
 
 def _reads_type(loop: jn.For) -> bool:
@@ -88,20 +214,23 @@ def _is_content_access(node: jn.Node) -> bool:
     return False
 
 
-def engine_message(msg: Mapping[str, Any], index: int, content_format: str = STRING, *,
+def engine_message(msg: Mapping[str, Any], index: int, content_format: str | frozenset[str] = STRING, *,
                    media: bool = False, images: RequestImages = NO_IMAGES) -> dict[str, Any]:
     """One OpenAI message as the engine's chat endpoint passes it to the template (see the module
-    docstring). The input must already be a valid message (`decide.validate_messages`). With
-    `media` (a vision model) image parts are kept, as `{"type": "image", "image": <pixel digest>}`
-    in a list of parts (what vLLM hands a multimodal template), with text parts as they are; the
-    digests are those the edge resolved (`images`, the request's `RequestImages`)."""
+    docstring). The input must already be a valid message (`decide.validate_messages`).
+    `content_format`: "string" or "openai" for every role, or the roles whose text parts stay a
+    list (`detect_part_roles`). With `media` (a vision model) image parts are kept, as
+    `{"type": "image", "image": <pixel digest>}` in a list of parts (what vLLM hands a multimodal
+    template), with text parts as they are; the digests are those the edge resolved (`images`,
+    the request's `RequestImages`)."""
     role = msg.get("role")
     out: dict[str, Any] = {"role": role}
     content = msg.get("content")
     if media and isinstance(content, list) and any(_is_image_part(p) for p in content):
         out["content"] = media_content(content, index, images.by_message.get(index, {}))
     else:
-        out["content"] = _content(content, index, content_format)
+        fmt = content_format if isinstance(content_format, str) else (OPENAI if role in content_format else STRING)
+        out["content"] = _content(content, index, fmt)
     if role == "assistant":
         calls = msg.get("tool_calls")
         if calls:
@@ -120,7 +249,8 @@ def engine_message(msg: Mapping[str, Any], index: int, content_format: str = STR
     return out
 
 
-def engine_messages(messages: Sequence[Mapping[str, Any]], content_format: str = STRING) -> list[dict[str, Any]]:
+def engine_messages(messages: Sequence[Mapping[str, Any]],
+                    content_format: str | frozenset[str] = STRING) -> list[dict[str, Any]]:
     """`engine_message` for each message."""
     return [engine_message(m, i, content_format) for i, m in enumerate(messages)]
 
@@ -199,6 +329,11 @@ def _content(content: Any, index: int, content_format: str) -> Any:
 
 
 def _tool_call(tc: Mapping[str, Any], index: int, k: int) -> dict[str, Any]:
+    """A tool call in the key order vLLM's request model gives it (pydantic rebuilds OpenAI's
+    `ChatCompletionMessageFunctionToolCallParam` and `Function` TypedDicts in their declared
+    order): `id`, `function` (`arguments`, `name`, then any other key as sent), `type`, then any
+    other key as sent; null values dropped. A template that writes `tool_call.function | tojson`
+    (Mistral Nemo) then writes `{"arguments": ..., "name": ...}` whatever order the client sent."""
     fn = tc.get("function") or {}
     args: Any = fn.get("arguments")
     if not args:
@@ -210,7 +345,14 @@ def _tool_call(tc: Mapping[str, Any], index: int, k: int) -> dict[str, Any]:
             raise BadRequest(
                 f"messages[{index}].tool_calls[{k}].function.arguments is not valid JSON ({e}): send the "
                 "arguments exactly as the model's tool call returned them", param="messages") from None
-    out: dict[str, Any] = {k2: v for k2, v in tc.items() if v is not None and k2 != "function"}
-    out.setdefault("type", "function")
-    out["function"] = {**{k2: v for k2, v in fn.items() if v is not None}, "arguments": args}
+    function: dict[str, Any] = {"arguments": args}
+    if fn.get("name") is not None:
+        function["name"] = fn["name"]
+    function.update((key, v) for key, v in fn.items() if v is not None and key not in function)
+    out: dict[str, Any] = {}
+    if tc.get("id") is not None:
+        out["id"] = tc["id"]
+    out["function"] = function
+    out["type"] = tc.get("type") or "function"
+    out.update((key, v) for key, v in tc.items() if v is not None and key not in out)
     return out

@@ -55,7 +55,7 @@ from rowgrove.errors import BadRequest, InputError
 from rowgrove.gateway.core.drift import change_one_char, common_prefix
 from rowgrove.gateway.core.messages import NO_IMAGES, RequestImages
 from rowgrove.gateway.core.pieces import lines_cut_exactly, units_of
-from rowgrove.gateway.core.preprocess import detect_content_format, engine_message, prepared_images
+from rowgrove.gateway.core.preprocess import detect_part_roles, engine_message, prepared_images
 
 # apply_chat_template's own parameters, and the variables it fills from the tokenizer: a
 # chat_template_kwargs key with one of these names would change how rendering works (or which
@@ -117,7 +117,8 @@ class Renderer:
             if vision is None else (None, "a vision model (images are expanded after rendering)")
         self._fast_verified: dict[bytes, bool] = {}
         self.last_split: Any = None  # the window split of the latest full render (window.Split) or None
-        self.content_format = detect_content_format(tokenizer.chat_template)
+        # the roles whose text parts reach the template as a list (`preprocess.detect_part_roles`)
+        self.content_format: frozenset[str] = detect_part_roles(tokenizer.chat_template)
         self._fast_ok: dict[bytes, bool] = {}
         self._prepared: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
         # whether each prepared message in that cache is `window.plain`, by the object's id (valid
