@@ -31,7 +31,8 @@ class RecordingVLLMEngine(VLLMEngine):
 
     def request_body(self, prompt, sampling):
         body = super().request_body(prompt, sampling)
-        self.sent.append(body)
+        # a copy: the engine then swaps the body's prompt for a pre-encoded orjson.Fragment
+        self.sent.append(dict(body))
         return body
 
 
