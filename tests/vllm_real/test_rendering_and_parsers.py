@@ -159,13 +159,10 @@ def _blank(x: str | None) -> str:
     return (x or "").strip()
 
 
-# Known difference, found by this test (a gateway fix, not one here): vLLM validates the request
-# body with pydantic, which rebuilds each tool call's `function` in the order of OpenAI's
-# `Function` TypedDict (`arguments`, then `name`); a template that writes `function|tojson`
-# (Mistral Nemo) then renders `{"arguments": ..., "name": ...}`, while rowgrove keeps the client's
-# order (`name` first).
-KNOWN = {"mistral-nemo": "vLLM renders tool_call.function|tojson with `arguments` before `name` (pydantic "
-                         "rebuilds the dict in OpenAI's Function TypedDict order); rowgrove keeps the client's order"}
+# Known rendering differences ({family: reason} -> strict xfail). Empty: rowgrove prepares tool
+# calls in the key order vLLM's pydantic request model rebuilds them (`id`, `function` with
+# `arguments` before `name`, `type`), which Mistral Nemo's `function|tojson` shows.
+KNOWN: dict[str, str] = {}
 
 
 # Known differences on the real vocabularies (docs/parsers.md names them): vLLM's side reads these
