@@ -43,9 +43,11 @@ def gateway(request, servers, models, tmp_path_factory):
 
 
 def _direct(url: str, body: dict) -> dict:
-    """The same /v1/completions body sent to vLLM directly, not streamed."""
+    """The same /v1/completions body sent to vLLM directly, not streamed, with vLLM's own
+    `token_ids` asked for (the engine reads the sampled ids from the logprob tokens instead, so
+    this is an independent account of what vLLM sampled)."""
     b = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    r = httpx.post(f"{url}/v1/completions", json={**b, "stream": False}, timeout=120)
+    r = httpx.post(f"{url}/v1/completions", json={**b, "stream": False, "return_token_ids": True}, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
 

@@ -287,11 +287,17 @@ def ending_model_dir(src: str | Path, p_end: float = 0.25) -> Path:
             for sid in set(stop_token_ids(tok, src)) | set(tok.all_special_ids):
                 head[sid, 0] = -1.0
         else:
+            # p(eot) at scale s is sigmoid(s * h.u - logsumexp of the other logits): the other
+            # logits are computed once (a real vocabulary's output layer is 100k+ rows), then the
+            # scale is bisected on the one column that changes
+            logits = h @ head.T
+            logits[:, eot] = float("-inf")
+            rest, along = torch.logsumexp(logits, -1), h @ u
             lo, hi = 0.0, 200.0
             for _ in range(40):
-                head[eot] = (lo + hi) / 2 * u
-                p = torch.softmax(h @ head.T, -1)[:, eot].mean().item()
+                p = torch.sigmoid((lo + hi) / 2 * along - rest).mean().item()
                 lo, hi = ((lo + hi) / 2, hi) if p < p_end else (lo, (lo + hi) / 2)
+            head[eot] = (lo + hi) / 2 * u
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)) / "m"
     shutil.copytree(src, tmp)
     model.save_pretrained(str(tmp), safe_serialization=True)
