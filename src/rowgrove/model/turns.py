@@ -38,7 +38,7 @@ def folder_tokenizer(path: str | Path, name: str | None = None) -> PreTrainedTok
     from transformers import AutoTokenizer
 
     name = str(path) if name is None else name
-    tok = AutoTokenizer.from_pretrained(str(path))
+    tok = _as_tokenizer_json(AutoTokenizer.from_pretrained(str(path)), Path(path))
     if not getattr(tok, "is_fast", False):
         raise InputError(f"tokenizer of {name!r} is not a fast tokenizer: rowgrove needs tokenizer.json")
     if not tok.chat_template:
@@ -46,6 +46,38 @@ def folder_tokenizer(path: str | Path, name: str | None = None) -> PreTrainedTok
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def _pipeline_types(parts: dict) -> tuple:
+    """The types of a tokenizer.json's model, normalizer, pre-tokenizer and decoder (None if absent)."""
+    return tuple((parts.get(k) or {}).get("type") for k in ("model", "normalizer", "pre_tokenizer", "decoder"))
+
+
+def _as_tokenizer_json(tok: PreTrainedTokenizerFast, folder: Path) -> PreTrainedTokenizerFast:
+    """`tok`, or the folder's tokenizer.json loaded as it is written when `tok` runs another pipeline.
+
+    Why: rowgrove's ids must be the model's own (tokenizer.json's), under every transformers its range
+    allows. Before 5.23, `AutoTokenizer` builds some tokenizers from the class their config names and
+    replaces tokenizer.json's pre-tokenizer and decoder with that class's: DeepSeek V3's config names
+    `LlamaTokenizerFast`, and transformers 5.10-5.19 load its byte-level BPE as a Metaspace
+    `LlamaTokenizer` (other ids; decoding drops every space), where 5.23 keeps the file's pipeline.
+    `PreTrainedTokenizerFast.from_pretrained` keeps the file's pipeline in each of them, with the
+    config's special tokens and chat template. Compared by component type (a mismatch is a whole
+    different pipeline, as here); a folder without tokenizer.json keeps `tok`."""
+    import json
+
+    file = folder / "tokenizer.json"
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or not file.is_file():
+        return tok
+    want = _pipeline_types(json.loads(file.read_text(encoding="utf-8")))
+    have = tuple(None if part is None else type(part).__name__
+                 for part in (backend.model, backend.normalizer, backend.pre_tokenizer, backend.decoder))
+    if have == want:
+        return tok
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
 def end_of_turn_id(tokenizer: PreTrainedTokenizerFast) -> int:
