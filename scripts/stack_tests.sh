@@ -6,8 +6,10 @@
 #   vllm    vLLM 0.32's transformers (5.19): the gateway in front of `vllm serve` from the SAME
 #           environment (tests/vllm_real, the whole real-vLLM suite: it runs only here), the engines'
 #           HTTP clients and the gateway's rendering, real templates and dialects
-#   verl    verl 0.9.1's transformers (5.10): verl's integration suite (tests/integrations/test_verl.py,
-#           its verl side in this same python: only here) and the core suites
+#   verl    verl 0.9.1's transformers (5.10.4): verl's integration suite (tests/integrations/test_verl.py,
+#           its verl side in this same python, the gateway inside verl's agent loop included: only
+#           here) and the core suites but tests/gateway, whose transformers 5.10.4 run is the lowest
+#           job's (the same transformers; that run takes most of the core suites' time)
 #   lowest  the lower end of every range (transformers 5.10.4, tokenizers 0.22.0, numpy 2.0, ...):
 #           the core suites, so a range's lower end is one that ran
 #
@@ -22,7 +24,8 @@ PY="${VENV}/bin/python"
 CORE=(tests/algo tests/test_ledger.py tests/gateway tests/assemble tests/test_tokenizer_json.py)
 case "${STACK}" in
     vllm)   SUITES=(tests/vllm_real tests/gateway tests/engines tests/test_tokenizer_json.py) ;;
-    verl)   SUITES=(tests/integrations/test_verl.py "${CORE[@]}") ;;
+    verl)   SUITES=(tests/integrations/test_verl.py tests/algo tests/test_ledger.py tests/assemble
+                    tests/test_tokenizer_json.py) ;;
     lowest) SUITES=("${CORE[@]}") ;;
     *) echo "stack_tests: unknown stack ${STACK} (vllm, verl or lowest)" >&2; exit 2 ;;
 esac
