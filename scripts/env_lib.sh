@@ -85,7 +85,7 @@ env_begin() {
     mapfile -t UV_SRC < <(uv_source_args)
     # --seed: pip in the environment too, for whoever uses it by hand
     [[ -x "${VENV}/bin/python" ]] || "${UV}" venv -q --seed --python "${PYTHON}" "${VENV}"
-    LOCK_ARGS=()
+    LOCK_ARGS=(--upgrade)  # RELOCK=1: a fresh resolution, not what the environment already holds
     if [[ "${RELOCK}" != 1 ]]; then
         [[ -f "${LOCK}" ]] || { echo "${ENV_NAME}: no lock ${LOCK}: run with RELOCK=1 to write it" >&2; exit 2; }
         LOCK_ARGS=(--constraint "${LOCK}")
