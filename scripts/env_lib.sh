@@ -9,10 +9,10 @@
 #
 # Installs go through uv (PyPI `uv`, pinned below, bootstrapped once into .venv-uv): building the
 # main environment from its lock took 54 s with uv against 515 s with pip on the same loaded 2-core
-# machine (README, "Installing"). uv does not read pip's configuration, so what pip is configured
-# with here (find-links, extra indexes, constraints: `pip config list`, $PIP_FIND_LINKS) is handed to
-# uv as flags, with pip's rule of taking the best version from any index: a machine with a local
-# CPU torch wheel folder gets it from there with uv as with pip.
+# machine (README, "Installing beside vLLM, verl or TRL"). uv does not read pip's configuration, so
+# what pip is configured with here (find-links, extra indexes, constraints: `pip config list`,
+# $PIP_FIND_LINKS) is handed to uv as flags, with pip's rule of taking the best version from any
+# index: a machine with a local CPU torch wheel folder gets it from there with uv as with pip.
 #
 # RELOCK=1 resolves afresh from pyproject.toml's ranges (and the stack's own pins) and rewrites the
 # lock: how a lock is refreshed, then committed. Without it a build that cannot satisfy the lock
