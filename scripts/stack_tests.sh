@@ -4,8 +4,12 @@
 # printing the versions it holds. Each part is chosen for what only that environment can prove:
 #
 #   vllm    vLLM 0.32's transformers (5.19): the gateway in front of `vllm serve` from the SAME
-#           environment (tests/vllm_real, the whole real-vLLM suite: it runs only here), the engines'
-#           HTTP clients and the gateway's rendering, real templates and dialects
+#           environment (tests/vllm_real, the whole real-vLLM suite: it runs only here); rowgrove's
+#           vLLM and remote engine clients (tests/engines/test_vllm.py, test_remote.py); the
+#           gateway's rendering on every family's template (tests/gateway/test_conformance.py) and
+#           its HTTP chat path (test_http_chat.py). The whole gateway and engine suites here took
+#           12 min with the real-vLLM suite on 2 loaded cores; they run whole at 5.10.4 (lowest)
+#           and 5.23 (.venv), on both sides of 5.19.
 #   verl    verl 0.9.1's transformers (5.10.4): verl's integration suite (tests/integrations/test_verl.py,
 #           its verl side in this same python, the gateway inside verl's agent loop included: only
 #           here) and the core suites but tests/gateway, whose transformers 5.10.4 run is the lowest
@@ -23,7 +27,8 @@ PY="${VENV}/bin/python"
 [[ -x "${PY}" ]] || { echo "stack_tests: no ${PY}: run make envs (scripts/install_${STACK}_env.sh)" >&2; exit 2; }
 CORE=(tests/algo tests/test_ledger.py tests/gateway tests/assemble tests/test_tokenizer_json.py)
 case "${STACK}" in
-    vllm)   SUITES=(tests/vllm_real tests/gateway tests/engines tests/test_tokenizer_json.py) ;;
+    vllm)   SUITES=(tests/vllm_real tests/engines/test_vllm.py tests/engines/test_remote.py
+                    tests/gateway/test_conformance.py tests/gateway/test_http_chat.py tests/test_tokenizer_json.py) ;;
     verl)   SUITES=(tests/integrations/test_verl.py tests/algo tests/test_ledger.py tests/assemble
                     tests/test_tokenizer_json.py) ;;
     lowest) SUITES=("${CORE[@]}") ;;
