@@ -225,3 +225,53 @@ def chain_hashes(messages: Iterable[Mapping[str, Any]], h0: bytes) -> list[bytes
         h = chain_step(h, message_hash(m))
         out.append(h)
     return out
+
+
+class PrefixHasher:
+    """SHA-256 of byte strings that mostly extend a recent one (a rollout's request bodies: each
+    is the previous conversation plus a reply and new messages), at a cost that follows what is
+    new, not the whole: `hexdigest(raw)` equals `hashlib.sha256(raw).hexdigest()`, always.
+
+    The hash state is kept at every `STEP` bytes of the `KEEP` most recent strings. A new string
+    that starts with one of them up to a kept point (a C-speed `startswith`, found by bisection)
+    resumes from that state and hashes only the rest; any other string is hashed in full. Memory:
+    the recent strings themselves and one hash state (~0.2 KB) per `STEP` bytes of each."""
+
+    STEP = 16384
+    KEEP = 2
+
+    def __init__(self) -> None:
+        self._recent: list[tuple[bytes, list[Any]]] = []  # (string, state after string[:k*STEP] for each k)
+
+    def hexdigest(self, raw: bytes) -> str:
+        """`hashlib.sha256(raw).hexdigest()`, resumed from the longest kept prefix `raw` starts with."""
+        step = self.STEP
+        k, states = 0, None
+        for old, kept in self._recent:
+            hi = min(len(kept) - 1, len(raw) // step)
+            if hi <= k:
+                continue
+            if raw.startswith(old[:hi * step]):  # the usual case: all of the old string but its tail
+                k, states = hi, kept
+                continue
+            lo = k  # raw[:lo*step] == old[:lo*step] is known (lo = 0: trivially)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if raw.startswith(old[:mid * step]):
+                    lo = mid
+                else:
+                    hi = mid
+            if lo > k:
+                k, states = lo, kept
+        new_states = [hashlib.sha256()] if states is None else states[:k + 1]
+        h = new_states[-1].copy()
+        view = memoryview(raw)
+        pos, end = k * step, len(raw)
+        while pos + step <= end:
+            h.update(view[pos:pos + step])
+            pos += step
+            new_states.append(h.copy())
+        h.update(view[pos:])
+        self._recent.insert(0, (raw, new_states))
+        del self._recent[self.KEEP:]
+        return h.hexdigest()

@@ -55,7 +55,6 @@ from rowgrove.gateway.dialects.openai_format import (
     error_body,
     load_json,
     parse_chat_request,
-    request_key,
     stream_events,
 )
 from rowgrove.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -98,7 +97,12 @@ def _bearer(request: Request) -> str | None:
 
 
 async def _read_json(request: Request, gw: Gateway) -> Any:
-    """The decoded JSON body. Refused: more than `max_body_bytes` (413, before and while reading),
+    """The decoded JSON body (`_read_body`)."""
+    return (await _read_body(request, gw))[1]
+
+
+async def _read_body(request: Request, gw: Gateway) -> tuple[bytes, Any]:
+    """(the body's bytes, the decoded JSON body). Refused: more than `max_body_bytes` (413, before and while reading),
     a body still arriving after `body_timeout` seconds (408), a read begun while
     `max_open_uploads` other bodies are still arriving (503), malformed JSON and JSON nested
     deeper than `max_json_depth` (400). ClientGone when the connection breaks mid-body."""
@@ -141,7 +145,7 @@ async def _read_json(request: Request, gw: Gateway) -> Any:
         finally:
             gw.open_uploads -= 1
     raw = parts[0] if len(parts) == 1 else b"".join(parts)
-    return load_json(raw, cfg.max_json_depth)
+    return raw, load_json(raw, cfg.max_json_depth)
 
 
 def _too_large(limit: int) -> BodyTooLarge:
@@ -255,11 +259,12 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         gw.authorize_control(_bearer(request), client(request))
         return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
-    async def served(request: Request, s: RolloutSession, req: ChatRequest, body: Any,
+    async def served(request: Request, s: RolloutSession, req: ChatRequest, raw: bytes,
                      answer: Callable[[Completion], tuple[list[bytes], bool]], t0: float) -> Response:
         """Serve one call of any dialect: generate (watching for the client to leave: 499 then),
-        and send `answer(done)` → (chunks, is_stream) through DeliveredResponse. `t0`: when the
-        route was entered (the latency metric and Server-Timing count from there)."""
+        and send `answer(done)` → (chunks, is_stream) through DeliveredResponse. `raw`: the
+        request body's bytes (its retry key, `request_key`). `t0`: when the route was entered
+        (the latency metric and Server-Timing count from there)."""
         retry_count = request.headers.get("x-stainless-retry-count", "0")
         retry = retry_count.isdigit() and int(retry_count) > 0
         # resolved when the client leaves; handed to the response once there is one. The
@@ -282,7 +287,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         watch.add_done_callback(client_left)
         try:
             try:
-                done = await gw.complete(s, req, key=request_key(body), retry=retry)
+                done = await gw.complete(s, req, key=s.request_key(raw), retry=retry)
             except asyncio.CancelledError:
                 if not gone or me.cancelling() > 1:  # the server's own cancel: it goes on
                     raise
@@ -314,7 +319,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         t0 = time.perf_counter()
         s = gw.session(request.path_params["rollout_id"])
         gw.authorize_call(s, _bearer(request))
-        body = await _read_json(request, gw)
+        raw, body = await _read_body(request, gw)
         req = parse_chat_request(body, default_max_tokens=gw.settings.default_max_tokens)
 
         def answer(done: Completion) -> tuple[list[bytes], bool]:
@@ -322,13 +327,13 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                 return stream_events(done.body, include_usage=req.include_usage), True
             return [orjson.dumps(done.body)], False
 
-        return await served(request, s, req, body, answer, t0)
+        return await served(request, s, req, raw, answer, t0)
 
     async def responses(request: Request) -> Response:
         t0 = time.perf_counter()
         s = gw.session(request.path_params["rollout_id"])
         gw.authorize_call(s, _bearer(request))
-        body = await _read_json(request, gw)
+        raw, body = await _read_body(request, gw)
         call = responses_api.parse_responses_request(
             body, default_max_tokens=gw.settings.default_max_tokens, memo=s.checked,
             previous=lambda rid: responses_api.resolve_previous(
@@ -342,13 +347,13 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                 return responses_api.response_events(out), True
             return [orjson.dumps(out)], False
 
-        return await served(request, s, call.chat, body, answer, t0)
+        return await served(request, s, call.chat, raw, answer, t0)
 
     async def messages(request: Request) -> Response:
         t0 = time.perf_counter()
         s = gw.session(request.path_params["rollout_id"])
         gw.authorize_call(s, request.headers.get("x-api-key") or _bearer(request))
-        body = await _read_json(request, gw)
+        raw, body = await _read_body(request, gw)
         req, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens,
                                                          memo=s.checked)
 
@@ -358,7 +363,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
                 return anthropic_api.message_events(out), True
             return [orjson.dumps(out)], False
 
-        return await served(request, s, chat, body, answer, t0)
+        return await served(request, s, chat, raw, answer, t0)
 
     async def weights(request: Request) -> Response:
         gw.authorize_control(_bearer(request), client(request))

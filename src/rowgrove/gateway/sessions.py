@@ -65,6 +65,7 @@ from rowgrove.gateway.dialects.openai_format import (
 from rowgrove.gateway.deadlines import Deadlines
 from rowgrove.gateway.metrics import GatewayMetrics, call_kind
 from rowgrove.gateway.core.render import Renderer
+from rowgrove.hashing import PrefixHasher
 from rowgrove.ledger import Ledger
 from rowgrove.parsers import parse_output, tool_call_id_style
 from rowgrove.types import Call, Rollout
@@ -99,7 +100,7 @@ class RolloutSession:
     """What the gateway keeps in memory for one rollout: its key, status and lineage index.
 
     `index` is built lazily from the ledger (so a restarted server continues where it stopped);
-    `inflight` maps the request key of each call still generating to a future of its response,
+    `inflight` maps the request key (`request_key`) of each call still generating to a future of its response,
     for SDK retries that arrive before the original finished. `responses` keeps, per Responses
     API response id, the conversation that response ends (`gateway.dialects.responses_api`).
     """
@@ -114,6 +115,13 @@ class RolloutSession:
     responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # Responses / Messages API: input items already checked, by their JSON (validation.checked_items)
     checked: dict[bytes, Any] = field(default_factory=dict)
+    # the retry keys of its request bodies (`request_key`), each hashed from a recent body's state
+    body_keys: PrefixHasher = field(default_factory=PrefixHasher)
+
+    def request_key(self, raw: bytes) -> str:
+        """`openai_format.request_key(raw)` for a request body of this rollout, hashing only what
+        it adds to a recent body (docs/gateway.md, "Long conversations")."""
+        return self.body_keys.hexdigest(raw)[:32]
 
 
 def _same_key(given: str | None, expected: str) -> bool:
@@ -471,7 +479,7 @@ class Gateway:
             raise
         if session.index is not None:
             text = None if plan.context_text is None else plan.context_text + self.renderer.decode(gen.token_ids)
-            session.index.add_call(call.id, summary, plan.full_prompt_ids + list(gen.token_ids),
+            session.index.add_call(call.id, summary, plan.full_prompt_ids, sampled_ids=gen.token_ids,
                                    parent_id=plan.parent_id, context_text=text, window=plan.window)
             if plan.images and plan.messages is not None:
                 from rowgrove.gateway.images import blind_summary

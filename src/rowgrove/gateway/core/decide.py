@@ -184,9 +184,11 @@ class RolloutIndex:
     # -- adding calls ---------------------------------------------------------------------------
 
     def add_call(self, call_id: str, summary_hash: str, context_ids: np.ndarray | Sequence[int], *,
-                 parent_id: str | None = None, context_text: str | None = None,
-                 window: WindowInfo | None = None) -> None:
-        """Record a completed call: `context_ids` = its full prompt + its sampled ids, and
+                 sampled_ids: Sequence[int] | None = None, parent_id: str | None = None,
+                 context_text: str | None = None, window: WindowInfo | None = None) -> None:
+        """Record a completed call: `context_ids` = its full prompt + its sampled ids (or, with
+        `sampled_ids`, its full prompt alone: the two are kept side by side and joined only when a
+        child extends them, so a long context is copied once per call, not twice), and
         `context_text` the exact text they encode (the rendered prompt + the sampled ids decoded;
         decoded from the ids when first needed if not given).
 
@@ -196,9 +198,11 @@ class RolloutIndex:
         whole). A list is kept as given (the recent-context cache shares it): do not mutate it."""
         if call_id in self._nodes:
             raise RowgroveError(f"call {call_id} is already in the rollout index: add each call once")
-        ctx = context_ids.tolist() if isinstance(context_ids, np.ndarray) else context_ids
+        ctx: Any = context_ids.tolist() if isinstance(context_ids, np.ndarray) else context_ids
         if not isinstance(ctx, list):
             ctx = list(ctx)
+        if sampled_ids is not None:
+            ctx = _Joined(ctx, list(sampled_ids))
         parent = self._nodes.get(parent_id) if parent_id is not None else None
         if parent is not None and not self._extends(ctx, parent):
             parent = None
@@ -269,7 +273,7 @@ class RolloutIndex:
                     "unchanged (re-encoding the same pixels is fine), or drop old images to start a new root",
                     param="messages", code="image_changed")
 
-    def _extends(self, ctx: list[int], parent: _Node) -> bool:
+    def _extends(self, ctx: list[int] | _Joined, parent: _Node) -> bool:
         """Whether `ctx` can start with `parent`'s context: long enough, and equal to it at both
         ends of the parent's span when that context is at hand (a spot check, O(1))."""
         n = parent.length
@@ -296,7 +300,7 @@ class RolloutIndex:
         segment = np.concatenate([np.asarray(call.prompt_ids, np.int32), np.asarray(call.sampled_ids, np.int32)])
         self._insert(_Node(call.id, parent, segment), call.summary_hash, None)
 
-    def _insert(self, node: _Node, summary_hash: str, ctx: list[int] | None) -> None:
+    def _insert(self, node: _Node, summary_hash: str, ctx: list[int] | _Joined | None) -> None:
         self._nodes[node.call_id] = node
         self._by_summary.setdefault(summary_hash, []).append(node.call_id)
         if ctx is not None:
@@ -330,7 +334,7 @@ class RolloutIndex:
         self._remember_text(call_id, text)
         return text
 
-    def _remember(self, call_id: str, ctx: list[int]) -> None:
+    def _remember(self, call_id: str, ctx: list[int] | _Joined) -> None:
         self._recent[call_id] = ctx
         self._recent.move_to_end(call_id)
         while len(self._recent) > RECENT_CONTEXTS:
@@ -364,13 +368,15 @@ class RolloutIndex:
         held = self._recent.get(call_id)
         if held is not None:
             self._recent.move_to_end(call_id)
+            if isinstance(held, _Joined):
+                held = self._recent[call_id] = held.joined()
             return held
         node: _Node | None = self._node(call_id)
         parts = []
         while node is not None:
             held = self._recent.get(node.call_id)
             if held is not None:
-                parts.append(held)
+                parts.append(held.joined() if isinstance(held, _Joined) else held)
                 break
             parts.append(node.segment.tolist())
             node = node.parent
@@ -382,6 +388,17 @@ class RolloutIndex:
                 ctx.extend(part)
         self._remember(call_id, ctx)
         return ctx
+
+    def extended(self, call_id: str, ids: list[int]) -> list[int]:
+        """A new list: the call's full context followed by `ids` (a child's full prompt), with one
+        copy of the context, whether it is held whole or as prompt and sampled ids side by side."""
+        held = self._recent.get(call_id)
+        if not isinstance(held, _Joined):
+            return self.context_list(call_id) + ids
+        self._recent.move_to_end(call_id)
+        out = held.head + held.tail
+        out += ids
+        return out
 
     def _node(self, call_id: str) -> _Node:
         try:
@@ -442,6 +459,35 @@ class RolloutIndex:
             self._snapshots.insert(0, _Snapshot(h0, blob, len(messages), tuple(out), tuple(states)))
             del self._snapshots[SNAPSHOTS:]
         return out
+
+
+class _Joined:
+    """A call's context held as its prompt and its sampled ids side by side (`add_call` with
+    `sampled_ids`); read like the list they make (`len`, an index, a slice), joined on demand."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: list[int], tail: list[int]):
+        self.head, self.tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def __getitem__(self, k: Any) -> Any:
+        n = len(self.head)
+        if isinstance(k, slice):
+            a, b, step = k.indices(len(self))
+            if step != 1:
+                return self.joined()[k]
+            if b <= n:
+                return self.head[a:b]
+            return self.head[a:b] + self.tail[max(a - n, 0):b - n]
+        if k < 0:
+            k += len(self)
+        return self.head[k] if k < n else self.tail[k - n]
+
+    def joined(self) -> list[int]:
+        return self.head + self.tail
 
 
 class _Snapshot:
@@ -520,7 +566,7 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
         fast = _window_continuation(index, parent, parent_text, last, j, prepared, states, renderer, tools, options)
         if fast is not None:
             ids, rest, window = fast
-            return Decision(parent, ids, index.context_list(parent) + ids, request_hash, chain, CONTINUATION,
+            return Decision(parent, ids, index.extended(parent, ids), request_hash, chain, CONTINUATION,
                             context_text=parent_text + rest, images=images.images, messages=messages, window=window)
     new = renderer.continuation(messages, j, parent_text, last, tools, options, prepared=prepared, images=images)
     if new is None:
@@ -529,7 +575,7 @@ def decide(index: RolloutIndex, messages: list[dict[str, Any]], renderer: Render
     if prepared is not None and not new.drift:
         window = _window_info(states[-1], renderer.last_split, len(parent_text) + len(new.text),
                               len(messages))
-    return Decision(parent, new.ids, index.context_list(parent) + new.ids, request_hash, chain, CONTINUATION,
+    return Decision(parent, new.ids, index.extended(parent, list(new.ids)), request_hash, chain, CONTINUATION,
                     context_text=parent_text + new.text, drift=new.drift, images=images.images, messages=messages,
                     window=window)
 
