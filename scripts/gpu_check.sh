@@ -113,7 +113,7 @@ fi
 # flash_attention_2 (sdpa needs no flash-attn wheel). VERL_USE_EXTERNAL_MODULES makes every verl
 # process (driver, TaskRunner, Ray workers) import rowgrove.integrations.verl on `import verl`,
 # which registers the "rowgrove" estimator and policy loss there.
-VERL_PY=${VERL_PY:-.venv-verl/bin/python}
+VERL_PY=${VERL_PY:-.venv-stack-verl/bin/python}
 if "$VERL_PY" -c "import verl, vllm" 2>/dev/null; then
   echo "gpu_check: verl RayPPOTrainer, $STEPS steps, rowgrove agent loop over verl's vLLM servers"
   mkdir -p "$OUT/verl"

@@ -2,7 +2,7 @@
 ("rowgrove" estimator and policy loss, registered on import), aggregated with
 loss_agg_mode="token-sum". Run it in verl's environment:
 
-    scripts/install_verl_env.sh && .venv-verl/bin/python examples/integrations/verl_rows.py
+    scripts/install_verl_env.sh .venv-stack-verl && .venv-stack-verl/bin/python examples/integrations/verl_rows.py
 """
 
 import torch

@@ -1,4 +1,4 @@
-"""Trainer-integration tests: one torch thread; verl runs in its own environment (.venv-verl)."""
+"""Trainer-integration tests: one torch thread; verl runs in its own environment (.venv-stack-verl)."""
 
 from __future__ import annotations
 

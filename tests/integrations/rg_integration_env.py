@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def verl_python() -> Path:
-    """The verl environment's python: $ROWGROVE_VERL_PYTHON, else .venv-verl/bin/python."""
-    return Path(os.environ.get("ROWGROVE_VERL_PYTHON") or ROOT / ".venv-verl" / "bin" / "python")
+    """The verl environment's python: $ROWGROVE_VERL_PYTHON, else .venv-stack-verl/bin/python
+    (scripts/install_verl_env.sh: rowgrove[verl] with its dependencies beside verl)."""
+    return Path(os.environ.get("ROWGROVE_VERL_PYTHON") or ROOT / ".venv-stack-verl" / "bin" / "python")
 
 
 def require_or_skip(reason: str) -> None:

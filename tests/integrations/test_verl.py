@@ -1,6 +1,6 @@
 """verl's own loss code computes rowgrove's loss on rows from `rows_to_dataproto`.
 
-The verl side (tests/integrations/verl_side.py) runs in verl's environment (.venv-verl, made by
+The verl side (tests/integrations/verl_side.py) runs in verl's environment (.venv-stack-verl, made by
 scripts/install_verl_env.sh: verl 0.9.1 caps transformers < 5.11) and reports numbers; these tests
 assert on them. Ten rollouts in groups of 3, 2, 1 and 4, split into 1, 2, 3 or 4 rows each.
 """
@@ -126,33 +126,15 @@ def test_refusals_name_the_setting_and_use_algos_messages(verl_run):
         assert setting in ref["config"]
 
 
-def _gateway_deps_shim(folder) -> list[str]:
-    """The gateway needs httptools, minijinja and uvloop, which .venv-verl lacks today (verl does
-    not bring them; scripts/install_verl_env.sh installs rowgrove --no-deps): when the verl python
-    cannot import them, a folder of links to this environment's copies (same CPython) goes first on
-    its path. Returns the PYTHONPATH entries to add."""
-    import importlib
-
-    py = verl_python()
-    probe = subprocess.run([str(py), "-c", "import httptools, minijinja, uvloop"], capture_output=True)
-    if probe.returncode == 0:
-        return []
-    for name in ("httptools", "minijinja", "uvloop"):
-        (folder / name).symlink_to(os.path.dirname(importlib.import_module(name).__file__))
-    return [str(folder)]
-
-
 @pytest.fixture(scope="module")
 def agent_loop_run(tmp_path_factory) -> dict:
     """verl's own LLMServerClient, load balancer and agent-loop manager/worker classes as Ray actors,
-    in .venv-verl (tests/integrations/verl_agent_side.py says what is verl's and what stands in)."""
+    in verl's environment (tests/integrations/verl_agent_side.py says what is verl's and what stands in)."""
     py = verl_python()
     if not py.exists():
         require_or_skip(f"no verl environment at {py}: run scripts/install_verl_env.sh (or set ROWGROVE_VERL_PYTHON)")
     tmp = tmp_path_factory.mktemp("verl-loop")
-    shim = tmp / "shim"
-    shim.mkdir()
-    path = [*_gateway_deps_shim(shim), str(ROOT / "src"), str(ROOT / "tests" / "integrations")]
+    path = [str(ROOT / "src"), str(ROOT / "tests" / "integrations")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.run([str(py), str(ROOT / "tests" / "integrations" / "verl_agent_side.py"), str(tmp)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)

@@ -1,4 +1,4 @@
-"""The verl side of the agent-loop tests (run in .venv-verl by test_verl.py; prints one JSON object).
+"""The verl side of the agent-loop tests (run in .venv-stack-verl by test_verl.py; prints one JSON object).
 
 What is verl's own here: `LLMServerClient` (the server_manager every agent loop gets), its
 `GlobalRequestLoadBalancer` as a Ray actor, `AgentLoopManager.create` / `AgentLoopWorker` as Ray

@@ -1,5 +1,5 @@
-"""The verl side of tests/integrations/test_verl.py, run with verl's own environment (.venv-verl:
-verl caps transformers < 5.11, so it cannot share the project's). Prints one JSON object of
+"""The verl side of tests/integrations/test_verl.py, run with verl's own environment (.venv-stack-verl:
+verl caps transformers < 5.11, below the main .venv's lock). Prints one JSON object of
 measured numbers; the pytest side asserts on them.
 
 What it measures, with verl's real functions:

@@ -1,5 +1,5 @@
 """Fixtures of the real-vLLM suite: vLLM's CPU build (`scripts/install_vllm_env.sh`, environment
-`.venv-vllm`, or the python named by $ROWGROVE_VLLM_PYTHON) serving tiny models rowgrove builds
+`.venv-stack-vllm`, or the python named by $ROWGROVE_VLLM_PYTHON) serving tiny models rowgrove builds
 offline, started by `rowgrove.engines.launch.start_vllm` (the command line docs/engines.md
 gives and scripts/gpu_check.sh uses).
 

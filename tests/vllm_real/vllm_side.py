@@ -1,4 +1,4 @@
-"""Run by vLLM's own python (.venv-vllm): vLLM's chat rendering and vLLM's tool-call and reasoning
+"""Run by vLLM's own python (.venv-stack-vllm): vLLM's chat rendering and vLLM's tool-call and reasoning
 parsers, offline, through the code paths its server uses, for the real-vLLM tests to compare
 rowgrove with. Reads one JSON job from stdin, writes one JSON answer to stdout.
 
