@@ -58,6 +58,9 @@ test: envs
 	ROWGROVE_VLLM_PYTHON=$(STACK_VLLM)/bin/python ROWGROVE_VERL_PYTHON=$(STACK_VERL)/bin/python \
 	ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 $(PY) -m pytest -q -rR --reruns 1 --reruns-delay 2 \
 	    --ignore=tests/vllm_real --ignore=tests/integrations/test_verl.py
+	# TRL (this environment) through the gateway in front of the vLLM stack's `vllm serve`
+	ROWGROVE_VLLM_PYTHON=$(STACK_VLLM)/bin/python ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 \
+	    $(PY) -m pytest -q -rR --reruns 1 --reruns-delay 2 tests/vllm_real/test_trl_loop.py
 	bash scripts/stack_tests.sh vllm $(STACK_VLLM)
 	bash scripts/stack_tests.sh verl $(STACK_VERL)
 	bash scripts/stack_tests.sh lowest $(STACK_LOWEST)

@@ -28,11 +28,11 @@ except ImportError:
 
     require_or_skip("TRL is not installed: pip install 'rowgrove[trl]'")
 
-from rowgrove.agents.compaction import compact, render_context  # noqa: E402
+from trl_agents import compaction_agent  # noqa: E402
 from rowgrove.engines.hf import HFEngine  # noqa: E402
 from rowgrove.errors import EngineError, InputError, RowgroveError  # noqa: E402
 from rowgrove.gateway.testing import start_gateway  # noqa: E402
-from rowgrove.integrations.harness import Episode, rollouts_to_rows  # noqa: E402
+from rowgrove.integrations.harness import rollouts_to_rows  # noqa: E402
 from rowgrove.integrations.trl import NO_SYNC_WARNING, RowgroveGRPOTrainer, WeightSyncError, check_config  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,29 +43,6 @@ TOL = 1e-3
 STEPS = 3
 
 
-def compaction_agent(max_tokens: int = 8):
-    """Three sampled turns; after each, the context keeps only the last round
-    (`rowgrove.agents.compaction`, keep_last_rounds), so the third call is a new root: two rows
-    per rollout or more. Reward: the characters the model wrote (differs within a group, so every step
-    has non-zero advantages)."""
-    async def agent(client, prompt):
-        head = [{"role": "user", "content": prompt}]
-        rounds: list = []
-        omitted = 0
-        record = list(head)
-        for turn in range(3):
-            r = await client.chat.completions.create(model="policy", messages=render_context(head, rounds, omitted),
-                                                     max_tokens=max_tokens, temperature=1.0)
-            a = {"role": "assistant", "content": r.choices[0].message.content or ""}
-            record.append(a)
-            if turn < 2:
-                note = {"role": "user", "content": f"step {turn + 1} done, go on"}
-                record.append(note)
-                rounds, omitted = compact("keep_last_rounds", [*rounds, [a, note]], omitted, keep_rounds=1)
-        return Episode(reward=sum(len(m["content"]) for m in record if m["role"] == "assistant") / 10.0,
-                       messages=record)
-
-    return agent
 
 
 def grpo_args(tmp_path, **kw):

@@ -14,6 +14,8 @@ gets its starting weights back at the end.
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,38 +24,19 @@ import torch
 
 trl = pytest.importorskip("trl", reason="TRL is not installed: pip install 'rowgrove[trl]'")
 
-from rowgrove.agents.compaction import compact, render_context  # noqa: E402
 from rowgrove.engines import make_engine  # noqa: E402
 from rowgrove.engines.verify import DEFAULT_SYNC_TOLERANCE, policy_logprobs  # noqa: E402
 from rowgrove.gateway.testing import start_gateway  # noqa: E402
-from rowgrove.integrations.harness import Episode, rollouts_to_rows  # noqa: E402
+from rowgrove.integrations.harness import rollouts_to_rows  # noqa: E402
 from rowgrove.integrations.trl import RowgroveGRPOTrainer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integrations"))
+from trl_agents import compaction_agent  # noqa: E402
 
 STEPS = 3
 TOL = DEFAULT_SYNC_TOLERANCE
 
 
-def compaction_agent(max_tokens: int = 8):
-    """Three sampled turns; after each the context keeps only its last round (keep_last_rounds),
-    so every rollout is two rows or more. Reward: the characters written, scaled."""
-    async def agent(client, prompt):
-        head = [{"role": "user", "content": prompt}]
-        rounds: list = []
-        omitted = 0
-        record = list(head)
-        for turn in range(3):
-            r = await client.chat.completions.create(model="policy", messages=render_context(head, rounds, omitted),
-                                                     max_tokens=max_tokens, temperature=1.0)
-            a = {"role": "assistant", "content": r.choices[0].message.content or ""}
-            record.append(a)
-            if turn < 2:
-                note = {"role": "user", "content": f"step {turn + 1} done, go on"}
-                record.append(note)
-                rounds, omitted = compact("keep_last_rounds", [*rounds, [a, note]], omitted, keep_rounds=1)
-        return Episode(reward=sum(len(m["content"]) for m in record if m["role"] == "assistant") / 10.0,
-                       messages=record)
-
-    return agent
 
 
 def engine_gap(logprobs_fn, rows) -> float:
