@@ -37,7 +37,7 @@ echo "check_fresh_clone: ${#MODULES[@]} modules, without the templates and token
 
 LOG="${WORK}/pytest.log"
 status=0
-(cd "${CLONE}" && env -u ROWGROVE_TEMPLATES ROWGROVE_TOKENIZERS="${NO_TOKENIZERS}" \
+(cd "${CLONE}" && env -u ROWGROVE_TEMPLATES ROWGROVE_VERL_PYTHON="${ROOT}/.venv-stack-verl/bin/python" ROWGROVE_VLLM_PYTHON="${ROOT}/.venv-stack-vllm/bin/python" ROWGROVE_TOKENIZERS="${NO_TOKENIZERS}" \
     ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 \
     "${PY}" -m pytest -q -p no:rerunfailures -p no:randomly "${MODULES[@]}") 2>&1 | tee "${LOG}" \
     || status=$?
