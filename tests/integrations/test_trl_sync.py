@@ -28,7 +28,7 @@ except ImportError:
 
     require_or_skip("TRL is not installed: pip install 'rowgrove[trl]'")
 
-from trl_agents import compaction_agent  # noqa: E402
+from trl_agents import compaction_agent, engine_gap  # noqa: E402
 from rowgrove.engines.hf import HFEngine  # noqa: E402
 from rowgrove.errors import EngineError, InputError, RowgroveError  # noqa: E402
 from rowgrove.gateway.testing import start_gateway  # noqa: E402
@@ -68,18 +68,6 @@ def tiny():
     from rowgrove.model.load import load_model
 
     return load_model("tiny")
-
-
-def engine_gap(logprobs_fn, rows) -> float:
-    """max |engine logprob - logprobs_fn(ids)| over every sampled token of `rows`."""
-    worst = 0.0
-    for r in rows:
-        ids = [int(t) for t in r.input_ids]
-        ref = np.asarray(logprobs_fn(ids))
-        at = np.flatnonzero(np.asarray(r.loss_mask) == 1)
-        assert len(at) and at[0] > 0
-        worst = max(worst, float(np.max(np.abs(np.asarray(r.logprobs)[at] - ref[at - 1]))))
-    return worst
 
 
 def run_loop(tiny, tmp_path, *, synced: bool, engine_cls=HFEngine, steps: int = STEPS):

@@ -1,7 +1,9 @@
-"""The compaction agent the TRL on-policy tests drive through a gateway (tests/integrations/
+"""The compaction agent and the engine-vs-trainer logprob gap the TRL on-policy tests drive through a gateway (tests/integrations/
 test_trl_sync.py against the hf engine, tests/vllm_real/test_trl_loop.py against a real vLLM)."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from rowgrove.agents.compaction import compact, render_context
 from rowgrove.integrations.harness import Episode
@@ -30,3 +32,15 @@ def compaction_agent(max_tokens: int = 8):
                        messages=record)
 
     return agent
+
+
+def engine_gap(logprobs_fn, rows) -> float:
+    """max |engine logprob - logprobs_fn(ids)| over every sampled token of `rows`."""
+    worst = 0.0
+    for r in rows:
+        ids = [int(t) for t in r.input_ids]
+        ref = np.asarray(logprobs_fn(ids))
+        at = np.flatnonzero(np.asarray(r.loss_mask) == 1)
+        assert len(at) and at[0] > 0
+        worst = max(worst, float(np.max(np.abs(np.asarray(r.logprobs)[at] - ref[at - 1]))))
+    return worst

@@ -31,22 +31,10 @@ from rowgrove.integrations.harness import rollouts_to_rows  # noqa: E402
 from rowgrove.integrations.trl import RowgroveGRPOTrainer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integrations"))
-from trl_agents import compaction_agent  # noqa: E402
+from trl_agents import compaction_agent, engine_gap  # noqa: E402
 
 STEPS = 3
 TOL = DEFAULT_SYNC_TOLERANCE
-
-
-
-
-def engine_gap(logprobs_fn, rows) -> float:
-    worst = 0.0
-    for r in rows:
-        ids = [int(t) for t in r.input_ids]
-        ref = np.asarray(logprobs_fn(ids))
-        at = np.flatnonzero(np.asarray(r.loss_mask) == 1)
-        worst = max(worst, float(np.max(np.abs(np.asarray(r.logprobs)[at] - ref[at - 1]))))
-    return worst
 
 
 def test_trl_trains_three_steps_on_a_real_vllm_server_kept_in_step(servers, models, tmp_path):
