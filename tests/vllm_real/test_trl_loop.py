@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 import torch
 
