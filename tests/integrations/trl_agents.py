@@ -12,8 +12,8 @@ from rowgrove.integrations.harness import Episode
 def compaction_agent(max_tokens: int = 8):
     """Three sampled turns; after each, the context keeps only the last round
     (`rowgrove.agents.compaction`, keep_last_rounds), so the third call is a new root: two rows
-    per rollout or more. Reward: the characters the model wrote (differs within a group, so every step
-    has non-zero advantages)."""
+    per rollout or more. Reward: the characters the model wrote (it differs within a group unless the two
+    wrote as many, so a step has non-zero advantages unless every group ties or is invalid)."""
     async def agent(client, prompt):
         head = [{"role": "user", "content": prompt}]
         rounds: list = []
