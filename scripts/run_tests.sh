@@ -2,14 +2,16 @@
 # `make test`'s body, after `make envs`: every suite, in two lanes side by side.
 #
 #   main lane    the project's .venv: the whole suite but the parts only a stack's environment runs
-#                (the real-vLLM suite, verl's integration suite); its output is shown as it runs
-#   stack lane   TRL's real-vLLM loop (this .venv's TRL against the vLLM stack's `vllm serve`), then
-#                scripts/stack_tests.sh vllm, verl and lowest, one after another; its output goes to
-#                $LOGS/stack-lane.log and is shown whole when the main lane is done
+#                (the real-vLLM suite, verl's integration suite); then TRL's real-vLLM loop (this
+#                .venv's TRL against the vLLM stack's `vllm serve`). Its output is shown as it runs.
+#   stack lane   scripts/stack_tests.sh vllm, verl and lowest, one after another; its output goes to
+#                $LOGS/stack-lane.log and is shown whole when the main lane is done.
 #
-# Much of either lane waits (servers starting, HTTP on loopback, subprocesses), so on 2 cores the
-# lanes side by side take far less than one after the other (the README has the figures).
-# ROWGROVE_TEST_SERIAL=1 runs them one after the other, the stack lane's output shown as it runs.
+# Much of both lanes waits (servers starting, HTTP on loopback, subprocesses), so on 2 cores the
+# two side by side take far less than one after the other (the README has the figures). More
+# processes do not help: the main suite in two pytest-xdist workers beside the stack lane took
+# longer in all (1112 s against 1053 s), the cores being full by then.
+# ROWGROVE_TEST_SERIAL=1 runs the lanes one after the other, every output shown as it runs.
 # A failed test is rerun once (timing-sensitive tests against real servers on 2 shared cores); the
 # summary counts reruns, so a flaky test stays visible. ROWGROVE_REQUIRE_*: here the real-vLLM and
 # trainer suites must run (outside make they skip when their environment is missing).
@@ -30,22 +32,29 @@ PYTEST=(-m pytest -q -rR --reruns 1 --reruns-delay 2)
 "${PY}" scripts/fetch_tokenizers.py --if-possible || exit $?
 
 main_lane() {
-    "${PY}" "${PYTEST[@]}" --ignore=tests/vllm_real --ignore=tests/integrations/test_verl.py
+    local failed=()
+    "${PY}" "${PYTEST[@]}" --ignore=tests/vllm_real --ignore=tests/integrations/test_verl.py || failed+=(main)
+    echo "== TRL (${VENV}) through the gateway in front of the vLLM stack's vllm serve"
+    "${PY}" "${PYTEST[@]}" tests/vllm_real/test_trl_loop.py || failed+=(trl-loop)
+    lane_result main "${failed[@]}"
 }
 
 stack_lane() {
     local failed=()
-    echo "== TRL (${VENV}) through the gateway in front of the vLLM stack's vllm serve"
-    "${PY}" "${PYTEST[@]}" tests/vllm_real/test_trl_loop.py || failed+=(trl-loop)
     for stack in vllm verl lowest; do
         echo "== stack ${stack} (.venv-stack-${stack})"
         bash scripts/stack_tests.sh "${stack}" ".venv-stack-${stack}" || failed+=("${stack}")
     done
-    if ((${#failed[@]})); then
-        echo "stack lane: failed: ${failed[*]}"
+    lane_result stack "${failed[@]}"
+}
+
+lane_result() {
+    local lane="$1"; shift
+    if (($#)); then
+        echo "${lane} lane: failed: $*"
         return 1
     fi
-    echo "stack lane: all passed"
+    echo "${lane} lane: all passed"
 }
 
 start=$(date +%s)
@@ -54,7 +63,7 @@ if [[ "${ROWGROVE_TEST_SERIAL:-0}" == 1 ]]; then
     stack_lane; stack_rc=$?
 else
     mkdir -p "${LOGS}"
-    echo "run_tests: the stack lane (TRL's real-vLLM loop, then the vllm, verl and lowest stacks) runs beside this one;"
+    echo "run_tests: the stack lane (the vllm, verl and lowest stacks' parts) runs beside this one;"
     echo "run_tests: its log, shown when this lane is done: ${LOGS}/stack-lane.log"
     # its own process group (job control), so that it stops whole with this script
     set -m

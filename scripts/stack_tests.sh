@@ -4,7 +4,8 @@
 # printing the versions it holds. Each part is chosen for what only that environment can prove:
 #
 #   vllm    vLLM 0.32's transformers (5.19): the gateway in front of `vllm serve` from the SAME
-#           environment (tests/vllm_real, the whole real-vLLM suite: it runs only here); rowgrove's
+#           environment (tests/vllm_real, the whole real-vLLM suite: it runs only here, but for
+#           TRL's loop, which scripts/run_tests.sh runs from .venv, TRL's environment); rowgrove's
 #           vLLM and remote engine clients (tests/engines/test_vllm.py, test_remote.py); the
 #           gateway's rendering on every family's template (tests/gateway/test_conformance.py) and
 #           its HTTP chat path (test_http_chat.py). The whole gateway and engine suites here took
@@ -14,7 +15,7 @@
 #           its verl side in this same python, the gateway inside verl's agent loop included: only
 #           here) and the core suites but tests/gateway, whose transformers 5.10.4 run is the lowest
 #           job's (the same transformers; that run takes most of the core suites' time)
-#   lowest  the lower end of every range (transformers 5.10.4, tokenizers 0.22.0, numpy 2.0, ...):
+#   lowest  the lower end of every range (transformers 5.10.4, tokenizers 0.22.1, numpy 2.0, ...):
 #           the core suites, so a range's lower end is one that ran
 #
 # The core suites: tests/algo, tests/test_ledger.py, tests/gateway (real chat templates through
@@ -27,7 +28,7 @@ PY="${VENV}/bin/python"
 [[ -x "${PY}" ]] || { echo "stack_tests: no ${PY}: run make envs (scripts/install_${STACK}_env.sh)" >&2; exit 2; }
 CORE=(tests/algo tests/test_ledger.py tests/gateway tests/assemble tests/test_tokenizer_json.py)
 case "${STACK}" in
-    vllm)   SUITES=(tests/vllm_real tests/engines/test_vllm.py tests/engines/test_remote.py
+    vllm)   SUITES=(tests/vllm_real --ignore=tests/vllm_real/test_trl_loop.py tests/engines/test_vllm.py tests/engines/test_remote.py
                     tests/gateway/test_conformance.py tests/gateway/test_http_chat.py tests/test_tokenizer_json.py) ;;
     verl)   SUITES=(tests/integrations/test_verl.py tests/algo tests/test_ledger.py tests/assemble
                     tests/test_tokenizer_json.py) ;;

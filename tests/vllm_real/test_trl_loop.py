@@ -36,7 +36,21 @@ STEPS = 3
 TOL = DEFAULT_SYNC_TOLERANCE
 
 
-def test_trl_trains_three_steps_on_a_real_vllm_server_kept_in_step(servers, models, tmp_path):
+@pytest.fixture(scope="module")
+def untied_server(vllm_py, models, tmp_path_factory):
+    """Only the server this loop samples from (`make test` runs this module on its own, from TRL's
+    environment: the suite's session fixture `servers` would start the tied model's too)."""
+    from rowgrove.engines.launch import start_vllm
+
+    server = start_vllm(models["untied"], python=vllm_py, log_path=tmp_path_factory.mktemp("vllm-logs") / "untied.log",
+                        omp_threads=1)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_trl_trains_three_steps_on_a_real_vllm_server_kept_in_step(untied_server, models, tmp_path):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
@@ -46,7 +60,7 @@ def test_trl_trains_three_steps_on_a_real_vllm_server_kept_in_step(servers, mode
     model0 = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(folder))
     model = copy.deepcopy(model0)
-    engine = make_engine("vllm", str(folder), url=servers["untied"].url)
+    engine = make_engine("vllm", str(folder), url=untied_server.url)
     agent = compaction_agent()
     starts: list[float] = []
     args = GRPOConfig(output_dir=str(tmp_path / "out"), loss_type="dapo", beta=0.0, learning_rate=1e-2,
