@@ -69,7 +69,7 @@ def tiny():
     return load_model("tiny")
 
 
-def run_loop(tiny, tmp_path, *, synced: bool, engine_cls=HFEngine, steps: int = STEPS):
+def run_loop(tiny, tmp_path, *, synced: bool, engine_cls=HFEngine, steps: int = STEPS, **trainer_kw):
     """Train `steps` steps against a gateway whose hf engine holds a copy of the trainer's initial
     weights; returns (trainer, per-step gaps at the step's start, the gap of a fresh call after
     train() or the exception train() raised, rows_fn calls, the initial model)."""
@@ -88,7 +88,7 @@ def run_loop(tiny, tmp_path, *, synced: bool, engine_cls=HFEngine, steps: int = 
 
         trainer = RowgroveGRPOTrainer(model, args=grpo_args(tmp_path, max_steps=steps), rows_fn=rows_fn,
                                       train_dataset=dataset(PROMPTS * 2), processing_class=tok,
-                                      gateway_url=gw.url if synced else None)
+                                      gateway_url=gw.url if synced else None, **trainer_kw)
         try:
             trainer.train()
         except RowgroveError as e:
@@ -200,3 +200,84 @@ def test_trls_vllm_server_is_taken_only_with_a_gateway_in_server_mode(tmp_path):
                     (dict(use_vllm=True, vllm_mode="colocate"), "http://127.0.0.1:8000")):
         with pytest.raises(InputError, match="use_vllm=True only with vllm_mode='server'"):
             check_config(grpo_args(tmp_path, **kw), url)
+
+
+# ---- PEFT: the adapters merged into what the engine samples with ---------------------------------
+
+def _lora(model, **kw):
+    from peft import LoraConfig, get_peft_model
+
+    cfg = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    cfg.update(kw)
+    return get_peft_model(copy.deepcopy(model), LoraConfig(**cfg))
+
+
+def test_a_lora_trainer_keeps_the_engine_on_base_plus_adapter(tiny, tmp_path):
+    """TRL wraps the model in a LoRA adapter (peft_config); each sync writes the base weights with
+    the adapter merged in, under the base model's names, and the probe (and every step's rows)
+    show the engine sampling with what the trainer's forward computes."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig
+    from safetensors import safe_open
+
+    model0, _ = tiny
+    out = run_loop(tiny, tmp_path, synced=True,
+                   peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                                          task_type="CAUSAL_LM"))
+    trainer = out["trainer"]
+    print("lora synced: gaps", out["gaps"], "fresh", out["fresh_gap"], "vs initial", out["fresh_gap_initial_model"])
+    assert out["error"] is None and trainer.state.global_step == STEPS
+    assert type(trainer.model).__name__.startswith("Peft")
+    assert [s for s, _ in trainer.syncs] == [0, 1, 2, 3] and all(r.gap <= TOL for _, r in trainer.syncs)
+    assert max(out["gaps"]) <= TOL and out["fresh_gap"] <= TOL
+    assert out["fresh_gap_initial_model"] > 1e-3  # the adapter moved what the engine samples
+    # the checkpoint is the base architecture's: its names, no adapter tensor
+    newest = max((tmp_path / "out" / "rowgrove-weights").glob("v*"))
+    names = set()
+    for f in newest.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            names |= set(st.keys())
+    base = set(model0.state_dict())
+    assert names and not any("lora" in n or "base_layer" in n for n in names), sorted(names)[:5]
+    assert names <= base and base - names <= {"lm_head.weight"}, sorted(base ^ names)[:5]
+    # the trainer's own model is left unmerged (training goes on through the adapter)
+    assert not any(getattr(m, "merged", False) for m in trainer.model.modules())
+
+
+def test_engine_weights_of_a_lora_model_are_merge_and_unload_and_leave_it_unmerged(tiny):
+    pytest.importorskip("peft")
+    from rowgrove.integrations.gateway_sync import engine_weights
+
+    model0, _ = tiny
+    peft_model = _lora(model0)
+    with torch.no_grad():  # a trained adapter: B is zero at init, which would merge to the base
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    ids = torch.tensor([[5, 9, 13, 2, 7]])
+    before = peft_model(ids).logits.detach().clone()
+    want = copy.deepcopy(peft_model).merge_and_unload().state_dict()
+    with engine_weights(peft_model) as got:
+        assert set(got) == set(want)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        assert not torch.equal(got["model.layers.0.self_attn.q_proj.weight"],
+                               model0.state_dict()["model.layers.0.self_attn.q_proj.weight"])
+    assert not any(getattr(m, "merged", False) for m in peft_model.modules())
+    torch.testing.assert_close(peft_model(ids).logits, before, atol=1e-5, rtol=0)
+    # a plain model: its own state dict
+    with engine_weights(model0) as plain:
+        assert plain.keys() == model0.state_dict().keys()
+
+
+def test_a_prompt_learning_adapter_is_refused_with_the_reason(tiny):
+    pytest.importorskip("peft")
+    from peft import PromptTuningConfig, get_peft_model
+
+    from rowgrove.integrations.gateway_sync import engine_weights
+
+    model0, _ = tiny
+    pt = get_peft_model(copy.deepcopy(model0), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    with pytest.raises(WeightSyncError, match="prompt learning: it adds virtual tokens") as e:
+        with engine_weights(pt):
+            pass
+    assert "PROMPT_TUNING" in str(e.value) and "LoRA-family adapter" in str(e.value)

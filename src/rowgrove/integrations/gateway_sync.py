@@ -24,13 +24,20 @@ what failed and how to fix it, so a trainer stops instead of going on off-policy
 Where the trainer moves the weights into the servers itself (TRL's own vLLM server over NCCL),
 `announce` records the new version on the gateway (`POST /v1/weights {"version": N}`) and
 `verify` runs the same probe.
+
+A PEFT model (LoRA and the other adapters that merge) is synced as the weights its forward pass
+computes with: `engine_weights` merges the adapters into the base weights for the write and
+unmerges them after, under the base model's own names, as TRL does for its vLLM server
+(trl/generation/vllm_generation.py, `_iter_named_params`): an engine serves the base
+architecture and would refuse adapter tensors.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,4 +199,42 @@ class GatewaySync:
         return SyncRecord(version=version, gap=gap, probe_tokens=n, seconds=time.perf_counter() - t0)
 
 
-__all__ = ["PROBE_GROUP", "GatewaySync", "SyncRecord"]
+def is_peft_model(model: Any) -> bool:
+    """A PEFT model (peft.PeftModel and its task subclasses), told without importing peft."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+@contextmanager
+def engine_weights(model: Any) -> Iterator[dict[str, Any]]:
+    """The state dict an engine loads for `model`, for the duration of the block: a plain model's
+    own; a PEFT model's adapters merged into the base weights (unmerged when the block ends, even
+    on error), under the base model's names, adapter tensors and `modules_to_save` originals left
+    out. The tensors share storage with the model: write them before the block ends."""
+    if not is_peft_model(model):
+        yield model.state_dict()
+        return
+    kinds = {name: getattr(cfg, "peft_type", "?") for name, cfg in model.peft_config.items()}
+    if getattr(model, "active_peft_config", None) is not None and model.active_peft_config.is_prompt_learning:
+        raise WeightSyncError(f"the trainer's PEFT adapter ({', '.join(f'{n}: {k}' for n, k in kinds.items())}) "
+                              "is prompt learning: it adds virtual tokens an engine serving the base model cannot "
+                              "hold. Train a LoRA-family adapter (they merge into the weights) to keep the "
+                              "gateway's engine on the trainer's policy")
+    try:
+        model.merge_adapter()
+    except Exception as e:  # noqa: BLE001 - peft raises several types; each becomes one clear error
+        raise WeightSyncError(f"could not merge the trainer's PEFT adapters ({', '.join(f'{n}: {k}' for n, k in kinds.items())}) "
+                              f"into its weights for the gateway's engine: {e}") from e
+    try:
+        prefix = getattr(model, "prefix", None) or "lora_"
+        out: dict[str, Any] = {}
+        for name, tensor in model.state_dict().items():
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            if prefix in name or "original_module" in name:
+                continue
+            out[name.replace("modules_to_save.default.", "")] = tensor
+        yield out
+    finally:
+        model.unmerge_adapter()
+
+
+__all__ = ["PROBE_GROUP", "GatewaySync", "SyncRecord", "engine_weights", "is_peft_model"]

@@ -43,7 +43,9 @@ trainer's weights at the start of `train()`, after every optimizer step (a Train
 through the gateway's own weight route, and each sync is verified by a probe call whose sampled
 logprobs must equal the trainer's (`rowgrove.integrations.gateway_sync`). A sync that fails or
 differs raises `WeightSyncError` and training stops. Without `gateway_url` nothing keeps the
-sampler in step: the trainer warns once, and the metrics below show the drift.
+sampler in step: the trainer warns once, and the metrics below show the drift. A PEFT model
+(TRL's `peft_config`) is synced as base weights with its LoRA-family adapters merged in, under the
+base model's names (`gateway_sync.engine_weights`); a prompt-learning adapter is refused.
 
 With TRL's own vLLM server (`use_vllm=True, vllm_mode="server"`, and `gateway_url` of a gateway
 whose vllm engine points at that same server), TRL moves the weights itself: `sync_weights()`
@@ -69,7 +71,7 @@ import numpy as np
 
 from rowgrove.engines.verify import WeightSyncError, policy_logprobs
 from rowgrove.errors import InputError
-from rowgrove.integrations.gateway_sync import GatewaySync, SyncRecord
+from rowgrove.integrations.gateway_sync import GatewaySync, SyncRecord, engine_weights
 from rowgrove.integrations.weighting import check_mode, padded_layout, weigh_rows
 from rowgrove.types import Row
 
@@ -197,7 +199,9 @@ class RowgroveGRPOTrainer(_GRPOTrainer):
                 return None
             return self._sync_trl_vllm()
         model = self.accelerator.unwrap_model(self.model)
-        rec = self.sampler.sync(model.state_dict(), model.config, self.trainer_logprobs, note=f"{when} {step}")
+        # a PEFT model's adapters are merged in while the checkpoint is written and probed
+        with engine_weights(model) as weights:
+            rec = self.sampler.sync(weights, model.config, self.trainer_logprobs, note=f"{when} {step}")
         return self._synced(step, rec)
 
     def _sync_trl_vllm(self) -> SyncRecord:
