@@ -47,6 +47,7 @@ from rowgrove.engines.verify import policy_logprobs  # noqa: E402
 from rowgrove.errors import InputError  # noqa: E402
 from rowgrove.integrations.harness import rollouts_to_rows  # noqa: E402
 from rowgrove.integrations.trl_async import (  # noqa: E402
+    AsyncGRPOError,
     GatewayWeightTransfer,
     RowgroveRolloutWorker,
     rows_to_samples,
@@ -144,6 +145,41 @@ def test_refuses_configs_that_break_the_loss(recorded, tmp_path):
             RowgroveRolloutWorker(config(tmp_path, **bad), lambda p, w: [], R.PROMPTS)
     with pytest.raises(InputError, match="max_lag"):
         RowgroveRolloutWorker(config(tmp_path), lambda p, w: [], R.PROMPTS, max_lag=0)
+
+
+def test_a_long_batch_of_rollouts_is_not_a_hung_worker(recorded, tmp_path):
+    """AsyncGRPO aborts training when check_health finds the worker silent longer than
+    heartbeat_stale_after_s (300 s by default): a batch of agent rollouts may take longer than
+    that, and is not a hang while the worker's thread runs it. A worker that produced nothing
+    and runs nothing is."""
+    import threading
+    import time
+
+    release, entered = threading.Event(), threading.Event()
+
+    def rows_fn(prompts, worker):
+        entered.set()
+        assert release.wait(30)
+        return recorded.rows
+
+    worker = RowgroveRolloutWorker(config(tmp_path), rows_fn, R.PROMPTS[:1])
+    time.sleep(0.3)
+    with pytest.raises(AsyncGRPOError, match="produced nothing for"):
+        worker.check_health(0.1)  # not started: silent, and nothing running
+    worker.start()
+    try:
+        assert entered.wait(10)
+        time.sleep(0.3)
+        worker.check_health(0.1)  # 0.3 s into one batch: alive
+        release.set()
+        deadline = time.monotonic() + 30
+        while worker.steps_produced < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker.steps_produced >= 1 and not worker.rollout_buffer.empty()
+        worker.check_health(5.0)  # the finished batch beat
+    finally:
+        release.set()
+        worker.stop()
 
 
 def test_worker_and_weight_transfer_against_a_live_gateway(folder, model_tok, tmp_path):

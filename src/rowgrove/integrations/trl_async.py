@@ -201,6 +201,7 @@ class RowgroveRolloutWorker:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._heartbeat = time.time()
+        self._producing = False  # rows_fn is running: one batch of rollouts may take minutes
         self._thread: threading.Thread | None = None
         self._next_prompt = 0
 
@@ -233,9 +234,16 @@ class RowgroveRolloutWorker:
         if self._error is not None:
             raise AsyncGRPOError(f"the rowgrove rollout worker failed: {type(self._error).__name__}: "
                                  f"{self._error}") from self._error
+        # While rows_fn runs, the worker is alive for as long as its thread is: a batch of long agent
+        # rollouts is not a hang (AsyncGRPO's own worker beats from its event loop every 0.5 s
+        # while generating, trl/experimental/async_grpo/async_rollout_worker.py). A rollout that
+        # never returns is its HTTP client's timeout to end.
+        thread = self._thread
+        if self._producing and thread is not None and thread.is_alive():
+            return
         age = time.time() - self._heartbeat
         if age > stale_after_s:
-            raise AsyncGRPOError(f"the rowgrove rollout worker produced nothing for {age:.0f}s (> {stale_after_s:.0f}s): "
+            raise AsyncGRPOError(f"the rowgrove rollout worker produced nothing for {age:.1f} s (> {stale_after_s:g} s, heartbeat_stale_after_s): "
                                  "is the gateway answering, and is the trainer publishing weights?")
 
     def step_prompts(self) -> list[Any]:
@@ -250,7 +258,12 @@ class RowgroveRolloutWorker:
     def produce(self) -> list[RolloutSample]:
         """Run one update's rollouts and lay their rows out as samples (no queueing)."""
         version = self._version
-        rows = list(self.rows_fn(self.step_prompts(), self))
+        self._producing = True
+        try:
+            rows = list(self.rows_fn(self.step_prompts(), self))
+        finally:
+            self._producing = False
+            self._heartbeat = time.time()
         self.last_rows = rows
         samples = rows_to_samples(rows, microbatch_size=self.microbatch_size,
                                   gradient_accumulation_steps=self.gradient_accumulation_steps,
