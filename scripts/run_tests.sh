@@ -2,9 +2,9 @@
 # `make test`'s body, after `make envs`: every suite, in two lanes side by side.
 #
 #   main lane    the project's .venv: the whole suite but the parts only a stack's environment runs
-#                (the real-vLLM suite, verl's integration suite); then TRL's real-vLLM loop (this
-#                .venv's TRL against the vLLM stack's `vllm serve`). Its output is shown as it runs.
-#   stack lane   scripts/stack_tests.sh vllm, verl and lowest, one after another; its output goes to
+#                (the real-vLLM suite, verl's integration suite). Its output is shown as it runs.
+#   stack lane   scripts/stack_tests.sh vllm, verl and lowest, one after another, then TRL's real-vLLM
+#                loop (this .venv's TRL against the vLLM stack's `vllm serve`); its output goes to
 #                $LOGS/stack-lane.log and is shown whole when the main lane is done.
 #
 # Much of both lanes waits (servers starting, HTTP on loopback, subprocesses), so on 2 cores the
@@ -34,8 +34,6 @@ PYTEST=(-m pytest -q -rR --reruns 1 --reruns-delay 2)
 main_lane() {
     local failed=()
     "${PY}" "${PYTEST[@]}" --ignore=tests/vllm_real --ignore=tests/integrations/test_verl.py || failed+=(main)
-    echo "== TRL (${VENV}) through the gateway in front of the vLLM stack's vllm serve"
-    "${PY}" "${PYTEST[@]}" tests/vllm_real/test_trl_loop.py || failed+=(trl-loop)
     lane_result main "${failed[@]}"
 }
 
@@ -45,6 +43,8 @@ stack_lane() {
         echo "== stack ${stack} (.venv-stack-${stack})"
         bash scripts/stack_tests.sh "${stack}" ".venv-stack-${stack}" || failed+=("${stack}")
     done
+    echo "== TRL (${VENV}) through the gateway in front of the vLLM stack's vllm serve"
+    "${PY}" "${PYTEST[@]}" tests/vllm_real/test_trl_loop.py || failed+=(trl-loop)
     lane_result stack "${failed[@]}"
 }
 
@@ -63,7 +63,7 @@ if [[ "${ROWGROVE_TEST_SERIAL:-0}" == 1 ]]; then
     stack_lane; stack_rc=$?
 else
     mkdir -p "${LOGS}"
-    echo "run_tests: the stack lane (the vllm, verl and lowest stacks' parts) runs beside this one;"
+    echo "run_tests: the stack lane (the vllm, verl and lowest stacks' parts, then TRL's real-vLLM loop) runs beside this one;"
     echo "run_tests: its log, shown when this lane is done: ${LOGS}/stack-lane.log"
     # its own process group (job control), so that it stops whole with this script
     set -m
