@@ -204,12 +204,13 @@ def test_trls_vllm_server_is_taken_only_with_a_gateway_in_server_mode(tmp_path):
 
 # ---- PEFT: the adapters merged into what the engine samples with ---------------------------------
 
-def _lora(model, **kw):
+LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+
+
+def _lora(model):
     from peft import LoraConfig, get_peft_model
 
-    cfg = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    cfg.update(kw)
-    return get_peft_model(copy.deepcopy(model), LoraConfig(**cfg))
+    return get_peft_model(copy.deepcopy(model), LoraConfig(**LORA))
 
 
 def test_a_lora_trainer_keeps_the_engine_on_base_plus_adapter(tiny, tmp_path):
@@ -221,9 +222,7 @@ def test_a_lora_trainer_keeps_the_engine_on_base_plus_adapter(tiny, tmp_path):
     from safetensors import safe_open
 
     model0, _ = tiny
-    out = run_loop(tiny, tmp_path, synced=True,
-                   peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
-                                          task_type="CAUSAL_LM"))
+    out = run_loop(tiny, tmp_path, synced=True, peft_config=LoraConfig(**LORA))
     trainer = out["trainer"]
     print("lora synced: gaps", out["gaps"], "fresh", out["fresh_gap"], "vs initial", out["fresh_gap_initial_model"])
     assert out["error"] is None and trainer.state.global_step == STEPS

@@ -213,17 +213,17 @@ def engine_weights(model: Any) -> Iterator[dict[str, Any]]:
     if not is_peft_model(model):
         yield model.state_dict()
         return
-    kinds = {name: getattr(cfg, "peft_type", "?") for name, cfg in model.peft_config.items()}
+    adapters = ", ".join(f"{name}: {getattr(cfg, 'peft_type', '?')}" for name, cfg in model.peft_config.items())
     if getattr(model, "active_peft_config", None) is not None and model.active_peft_config.is_prompt_learning:
-        raise WeightSyncError(f"the trainer's PEFT adapter ({', '.join(f'{n}: {k}' for n, k in kinds.items())}) "
+        raise WeightSyncError(f"the trainer's PEFT adapter ({adapters}) "
                               "is prompt learning: it adds virtual tokens an engine serving the base model cannot "
                               "hold. Train a LoRA-family adapter (they merge into the weights) to keep the "
                               "gateway's engine on the trainer's policy")
     try:
         model.merge_adapter()
     except Exception as e:  # noqa: BLE001 - peft raises several types; each becomes one clear error
-        raise WeightSyncError(f"could not merge the trainer's PEFT adapters ({', '.join(f'{n}: {k}' for n, k in kinds.items())}) "
-                              f"into its weights for the gateway's engine: {e}") from e
+        raise WeightSyncError(f"could not merge the trainer's PEFT adapters ({adapters}) into its weights for the "
+                              f"gateway's engine: {e}. Train an adapter type peft can merge (LoRA-family)") from e
     try:
         prefix = getattr(model, "prefix", None) or "lora_"
         out: dict[str, Any] = {}
