@@ -42,13 +42,16 @@ def write_rollout(
     fail: Sequence[str] = (),
     call_prefix: str = "",
     versions: Mapping[str, Sequence[int]] | None = None,
+    requests: Mapping[str, str] | None = None,
 ) -> str:
+    """`requests`: call id -> a request key; calls given the same key sent the same request
+    (a retry, a resample), the others each their own."""
     ro = ledger.create_rollout(group_id, rollout_id=rollout_id)
     full: dict[str, int] = {}
     h0 = chain_start(None, None)
     for cid, parent, prompt, sampled, text in steps:
         prompt_len = len(prompt) + (full[parent] if parent is not None else 0)
-        request = [{"role": "user", "content": f"request for {cid}"}]
+        request = [{"role": "user", "content": f"request for {(requests or {}).get(cid, cid)}"}]
         h_n = chain_hashes(request, h0)[-1]
         call_id = call_prefix + cid
         ledger.begin_call(

@@ -80,14 +80,14 @@ def test_failed_call_on_a_chain_is_named(ledger):
     assert rr.invalid_reason and "c1 (aborted: server restarted)" in rr.invalid_reason
 
 
-def test_no_messages_falls_back_to_terminal_chain(ledger):
+def test_no_messages_trains_every_tree(ledger):
     steps = [("c1", None, [1], [101], "a"), ("c2", None, [2], [102], "b"), ("c3", "c2", [3], [103], "c"),
              ("c4", "c2", [4], [104], "d")]
     rr = rollout_rows(ledger, write_rollout(ledger, "g", steps, None, 1.0))
     assert rr.invalid_reason is None
-    assert rr.chains == [["c2", "c4"]]
-    assert rr.metrics["source"] == "terminal_chain" and "terminal chain" in rr.metrics["note"]
-    assert rr.metrics["delivered_fraction"] == pytest.approx(2 / 4)
+    assert rr.chains == [["c1"], ["c2", "c3"], ["c2", "c4"]]   # both roots; c3, c4 asked different things
+    assert rr.metrics["source"] == "traffic" and "no record" in rr.metrics["note"]
+    assert rr.metrics["delivered_fraction"] == 1.0
 
 
 def test_identical_texts_follow_lineage_and_order(ledger):

@@ -1,7 +1,7 @@
 """Which finish shapes train what (docs/rows.md, "What a finish trains"). The record is the
 harness's word: assistant messages train the calls they match; messages without any assistant
-message train nothing (`nothing_to_train`); only a finish with no record at all falls back to the
-terminal chain."""
+message train nothing (`nothing_to_train`); a finish with no record at all trains the traffic:
+every completed call but the siblings a retry or resample superseded."""
 
 from __future__ import annotations
 
@@ -70,12 +70,26 @@ def test_no_reply_is_reported_beside_the_harness_own_invalid_flag(ledger):
     assert rr.rows == [] and rr.reason_kinds == ["nothing_to_train", "harness_invalid"]
 
 
-def test_no_record_trains_the_terminal_chain(ledger):
+def test_no_record_trains_the_traffic(ledger):
+    # c3 sent its own request (not c2's): a branch, not a retry, so both chains train
     for k, record in enumerate((None, {"conversations": []})):
         rr = rollout_rows(ledger, write_rollout(ledger, "g", STEPS, record, 1.0, call_prefix=f"r{k}-"))
-        assert rr.chains == [[f"r{k}-c1", f"r{k}-c3"]]  # walked up from the last completed call
-        assert rr.invalid_reason is None and rr.metrics["source"] == "terminal_chain"
+        assert rr.chains == [[f"r{k}-c1", f"r{k}-c2"], [f"r{k}-c1", f"r{k}-c3"]]
+        assert rr.invalid_reason is None and rr.metrics["source"] == "traffic"
+        assert rr.metrics["superseded_calls"] == 0 and rr.metrics["delivered_fraction"] == 1.0
         assert "no record" in rr.metrics["note"]
+
+
+def test_no_record_drops_a_superseded_sibling(ledger):
+    # c3 resent c2's request (a resample) and nothing continued either: the latest, c3, wins
+    rr = rollout_rows(ledger, write_rollout(ledger, "g", STEPS, None, 1.0, requests={"c3": "c2"}))
+    assert rr.chains == [["c1", "c3"]] and rr.metrics["superseded_calls"] == 1
+    # a later call continued c2: c2 wins over the later c3, and c4 trains after it
+    steps = [*STEPS, ("c4", "c2", [5], [105], "y")]
+    rr = rollout_rows(ledger, write_rollout(ledger, "g", steps, None, 1.0, requests={"c3": "c2"},
+                                            call_prefix="k-"))
+    assert rr.chains == [["k-c1", "k-c2", "k-c4"]] and rr.accepted == ["k-c1", "k-c2", "k-c4"]
+    assert rr.invalid_reason is None and rr.metrics["superseded_calls"] == 1
 
 
 def test_named_calls_with_a_user_only_record_are_trained(ledger):

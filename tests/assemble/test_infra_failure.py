@@ -121,10 +121,10 @@ def test_an_engine_refusal_of_the_request_is_not_an_infrastructure_failure(ledge
     assert rr.invalid_reason is None
 
 
-def test_the_terminal_chain_fallback_is_invalid_after_a_needed_failure(ledger):
+def test_a_finish_with_no_record_is_invalid_after_a_needed_failure(ledger):
     steps = [("c1", None, "q1", "ok", "a"), ("c2", "c1", "q2", ("aborted", "not delivered to the client: cut"), None)]
     rr = rollout_rows(ledger, _write(ledger, steps, None, 0.0))
-    assert rr.metrics["source"] == "terminal_chain" and rr.chains == [["c1"]]
+    assert rr.metrics["source"] == "traffic" and rr.chains == [["c1"]]
     assert rr.reason_kinds == ["infra_failure"]
 
 

@@ -37,9 +37,18 @@ What a finish trains is decided by its record, the harness's word (`record_shape
   says it kept no reply (it gave up, or never received one in full), so nothing is trained and the
   rollout is invalid (`nothing_to_train`). The gateway cannot tell a reply that went into the
   socket's buffers from one the client read; the record can, so it is believed.
-- `none`: no record at all (`record=None`, `{}`, or `{"conversations": []}`): the rows come from
-  the terminal chain (walk up from the last completed call; non-completed calls are never
-  trained) and `metrics["note"]` says that only part of the rollout may be delivered.
+- `none`: no record at all (`record=None`, `{}`, or `{"conversations": []}`): the traffic is the
+  record (`traffic_calls`): every completed call is trained, on the chains to its tree's leaves,
+  except a call superseded by a sibling (same parent, same request: a retry, a resample, one of n
+  candidates): the sibling a later call continues is kept, else the latest. Every tree (context
+  window, sub-agent, compaction summary call) gives its rows; `metrics["superseded_calls"]`
+  counts the dropped siblings. Calls that did not complete are never trained.
+
+Messages of a role no model turn can have (mini-swe-agent's `exit`, a harness's own notes) are
+skipped for matching and counted in `metrics["harness_messages"]`. An assistant message the
+harness wrote itself (Claude Code's "No response requested.") was produced by no call: it
+matches none, so it is never trained, and the record is then invalid (`unmatched_message`)
+unless `accepted_call_ids` names what was kept; a finish with no record avoids the question.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from rowgrove.assemble.select import Match, record_accepted_ids, record_conversations, select_calls
+from rowgrove.hashing import ROLES
 from rowgrove.types import Call, Rollout, Row
 
 
@@ -126,11 +136,35 @@ def _leaves(accepted: set[str], by_id: dict[str, Call]) -> list[str]:
     return [cid for cid in accepted if cid not in has_desc]
 
 
+def traffic_calls(calls: list[Call]) -> tuple[set[str], list[str]]:
+    """What a finish with no record trains: (accepted ids, superseded ids). Every completed call,
+    except one superseded by a sibling: a completed call of the same rollout with the same parent
+    and the same request (`request_hash`: a retry, a resample, one of n candidates). Among such
+    siblings the ones a later call continues (some call names them as parent) are kept; where
+    none was continued, the latest (highest ordinal) is kept. Each tree (each root: a context
+    window, a sub-agent, a compaction's summary call) is kept whole, so each gives its rows.
+    Calls that did not complete are never trained; what no call produced cannot be."""
+    completed = [c for c in calls if c.status == "completed"]
+    parents = {c.parent_id for c in calls if c.parent_id is not None}
+    groups: dict[tuple[str | None, str], list[Call]] = {}
+    for c in completed:
+        groups.setdefault((c.parent_id, c.request_hash), []).append(c)
+    superseded: list[str] = []
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        continued = [c for c in group if c.id in parents]
+        keep = {c.id for c in continued} if continued else {max(group, key=lambda c: c.ordinal).id}
+        superseded.extend(c.id for c in group if c.id not in keep)
+    gone = set(superseded)
+    return {c.id for c in completed if c.id not in gone}, [c.id for c in completed if c.id in gone]
+
+
 def record_shape(record: Any) -> str:
     """Which finish shape a record is, and so what it trains (see the module docstring):
     "assistant" (assistant messages, or `accepted_call_ids`: the matched calls), "no_reply"
     (messages but none from the assistant: nothing, `nothing_to_train`) or "none" (no message at
-    all: the terminal chain). InputError for a record that is not an object."""
+    all: the calls themselves, `traffic_calls`). InputError for a record that is not an object."""
     convs = record_conversations(record)
     if record_accepted_ids(record) or any(
         isinstance(m, Mapping) and m.get("role") == "assistant" for conv in convs for m in conv
@@ -154,7 +188,9 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
     prompt_tokens (mask-0 positions over all rows), trained_tokens (mask-1 positions),
     generated_tokens (sampled by the engine over all completed calls), delivered_fraction
     (trained_tokens / generated_tokens: 1.0 when every generated token is trained; rejections and
-    a missing record lower it), source ("record" | "terminal_chain"), note.
+    rejections lower it), source ("record" | "traffic": no record, the calls themselves),
+    superseded_calls (siblings dropped when the traffic is the record), harness_messages (record
+    messages of a role no model turn has, skipped), note.
     """
     if any(a.ordinal >= b.ordinal for a, b in zip(calls, calls[1:])):
         calls = sorted(calls, key=lambda c: c.ordinal)
@@ -165,6 +201,7 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         reasons.append((kind, text))
 
     note: str | None = None
+    superseded: list[str] = []
     matches: list[Match] = []
     convs = record_conversations(rollout.record)
     shape = record_shape(rollout.record)
@@ -175,7 +212,7 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         fail("nothing_to_train",
              f"the record holds {n} message(s) and no assistant message: the harness kept no reply of the "
              "model, so nothing is trained (send the model's replies as assistant messages, or finish with "
-             "no record at all, e.g. {\"conversations\": []}, to train the terminal chain)")
+             "no record at all, e.g. {\"conversations\": []}, to train every call the model answered)")
     elif shape == "assistant":
         source = "record"
         sel = select_calls(rollout.record, calls)
@@ -195,17 +232,12 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
                 "text the model did not generate is never trained; send the model's replies unchanged"
             )
     else:
-        source = "terminal_chain"
-        last = next((c for c in reversed(calls) if c.status == "completed"), None)
-        accepted = set()
-        cid = last.id if last is not None else None
-        while cid is not None and cid in by_id:
-            accepted.add(cid)
-            cid = by_id[cid].parent_id
+        source = "traffic"
+        accepted, superseded = traffic_calls(calls)
         note = (
-            "the finish carried no record: rows come from the terminal chain only "
-            f"(walk up from {last.id}), so only part of the rollout may be delivered"
-            if last is not None else "the finish carried no record and no call completed"
+            f"the finish carried no record: every completed call is trained except {len(superseded)} "
+            "superseded by a sibling (a retry, resample or candidate of the same request)"
+            if accepted else "the finish carried no record and no call completed"
         )
     if not rollout.valid:
         fail("harness_invalid", "the harness finished the rollout with valid=false")
@@ -316,6 +348,9 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
         "generated_tokens": generated,
         "delivered_fraction": trained_tokens / generated if generated else 1.0,
         "source": source,
+        "superseded_calls": len(superseded),
+        "harness_messages": sum(1 for conv in convs for m in conv
+                                if isinstance(m, Mapping) and m.get("role") not in ROLES),
         "note": note,
     }
     return RolloutRows(

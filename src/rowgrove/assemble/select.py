@@ -13,7 +13,10 @@ over the candidate calls of its assistant messages. A path is scored, in this or
 1. calls in the order the conversation has them (ordinals strictly increasing),
 2. the most consecutive matches where the earlier call is an ancestor of the later one
    (a continuation of the previous matched turn beats an unrelated call with the same text),
-3. the later calls (sum of ordinals): between two retries with the same text that nothing else
+3. the fewest calls an earlier conversation of the record already claimed: a record that
+   repeats itself (two context windows, two sub-agents or two branches holding the same turns)
+   claims one call per message, so each window's calls are trained,
+4. the later calls (sum of ordinals): between two retries with the same text that nothing else
    tells apart, the most recent one, as the gateway picks the most recent parent.
 Messages with a single candidate (the usual case) cost one dict lookup.
 
@@ -146,14 +149,14 @@ def _is_ancestor(a: Call, b: Call, by_id: Mapping[str, Call]) -> bool:
     return False
 
 
-def _best_path(steps: list[list[Call]], by_id: Mapping[str, Call]) -> list[Call]:
+def _best_path(steps: list[list[Call]], by_id: Mapping[str, Call], claimed: set[str]) -> list[Call]:
     """Viterbi over candidate calls (see the module docstring for the score)."""
-    # score = (-order violations, ancestor links, sum of ordinals)
-    scores: list[tuple[int, int, int]] = [(0, 0, c.ordinal) for c in steps[0]]
+    # score = (-order violations, ancestor links, -calls an earlier conversation claimed, sum of ordinals)
+    scores: list[tuple[int, int, int, int]] = [(0, 0, -(c.id in claimed), c.ordinal) for c in steps[0]]
     back: list[list[int]] = [[-1] * len(steps[0])]
     for k in range(1, len(steps)):
         prev, cur = steps[k - 1], steps[k]
-        new_scores: list[tuple[int, int, int]] = []
+        new_scores: list[tuple[int, int, int, int]] = []
         new_back: list[int] = []
         for c in cur:
             best, best_j = None, -1
@@ -162,7 +165,8 @@ def _best_path(steps: list[list[Call]], by_id: Mapping[str, Call]) -> list[Call]
                 cand = (
                     s[0] - (c.ordinal <= p.ordinal),
                     s[1] + _is_ancestor(p, c, by_id),
-                    s[2] + c.ordinal,
+                    s[2] - (c.id in claimed),
+                    s[3] + c.ordinal,
                 )
                 if best is None or cand > best:
                     best, best_j = cand, j
@@ -205,7 +209,7 @@ def select_calls(record: Mapping[str, Any] | None, calls: Sequence[Call]) -> Sel
         if all(len(s) == 1 for s in steps):
             path = [s[0] for s in steps]
         else:
-            path = _best_path(steps, by_id)
+            path = _best_path(steps, by_id, sel.accepted)
         for mi, c, cands in zip(positions, path, steps, strict=True):
             sel.matches.append(Match(ci, mi, c.id, len(cands)))
             sel.accepted.add(c.id)

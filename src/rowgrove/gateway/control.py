@@ -11,10 +11,20 @@ import numpy as np
 
 from rowgrove.errors import BadRequest, Conflict
 from rowgrove.gateway.core.decide import validate_messages
+from rowgrove.hashing import ROLES
 from rowgrove.gateway.sessions import Gateway, RolloutSession
 from rowgrove.types import Call
 
 __all__ = ["finish", "lineage", "rows"]
+
+
+def _chat_messages(messages: list[Any]) -> list[Any]:
+    """The messages of a record that a chat template can hold. A harness keeps notes of its own
+    in its transcript (mini-swe-agent's `exit` role): such a message is no model turn, so it is
+    kept in the record, skipped for matching and counted (`metrics["harness_messages"]`), never
+    refused. A message that is not an object, or has no string role, is still refused."""
+    return [m for m in messages
+            if not (isinstance(m, Mapping) and isinstance(m.get("role"), str) and m["role"] not in ROLES)]
 
 
 def finish(gw: Gateway, session: RolloutSession, body: Any) -> dict[str, Any]:
@@ -30,14 +40,14 @@ def finish(gw: Gateway, session: RolloutSession, body: Any) -> dict[str, Any]:
     if has_m:
         if not isinstance(body["messages"], list):
             raise BadRequest("'messages' must be a list of chat messages", param="messages")
-        validate_messages(body["messages"], None)
+        validate_messages(_chat_messages(body["messages"]), None)
         record: dict[str, Any] = {"messages": body["messages"]}
     else:
         convs = body["conversations"]
         if not isinstance(convs, list) or not all(isinstance(c, list) for c in convs):
             raise BadRequest("'conversations' must be a list of lists of chat messages", param="conversations")
         for c in convs:
-            validate_messages(c, None)
+            validate_messages(_chat_messages(c), None)
         record = {"conversations": convs}
     if body.get("accepted_call_ids") is not None:
         from rowgrove.assemble.select import check_accepted_call_ids
