@@ -185,20 +185,20 @@ def test_an_undelivered_call_is_never_a_parent_and_never_trained(app_env):
     root = _chat(app, ro, {"messages": msgs + [lost, {"role": "user", "content": "next"}]}, cut_at=None)
     c4 = ledger.get_call(orjson.loads(root.body_bytes)["id"])
     assert c4.root and c4.parent_id is None
-    # finishing with no record at all: the terminal chain starts at the last completed call
-    # (c4), the undelivered c2 is never walked, and since c3 answered c2's request the rollout
-    # stays valid
+    # finishing with no record at all: the traffic is the record, so both trees train (c1 then
+    # c3, and the new root c4); the undelivered c2 never completed, so it is never trained, and
+    # since c3 answered c2's request the rollout stays valid
     ledger.finish_rollout(ro.id, {"conversations": []}, 1.0)
     gw.sessions[ro.id].finished = True
     built = rollout_rows(ledger, ro.id)
-    assert built.chains == [[c4.id]]
+    assert built.chains == [[c1.id, c3.id], [c4.id]]
     assert all(c2.id not in r.call_ids for r in built.rows)
     assert built.invalid_reason is None
 
 
 def test_an_undelivered_call_nobody_replaced_makes_the_rollout_invalid(app_env):
     """A stream cut, then the harness gives up and finishes with what it has (no assistant
-    message, reward 0): the terminal chain does not train the lost reply, and the rollout is
+    message, reward 0): a finish with no record does not train the lost reply, and the rollout is
     invalid for the infrastructure failure instead of teaching reward 0."""
     app, gw, ledger, _ = app_env
     ro = gw.create_rollout("g", None)
@@ -209,7 +209,7 @@ def test_an_undelivered_call_nobody_replaced_makes_the_rollout_invalid(app_env):
     assert c2.status == "aborted"
     ledger.finish_rollout(ro.id, None, 0.0)
     built = rollout_rows(ledger, ro.id)
-    assert built.chains == [[c1.id]]  # the fallback walks from the last *completed* call
+    assert built.chains == [[c1.id]]  # only completed calls are trained
     assert "infra_failure" in built.reason_kinds and c2.id in built.invalid_reason
     assert all(not r.valid and c2.id in r.mask_reason for r in built.rows)
 

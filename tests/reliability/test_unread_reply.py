@@ -102,13 +102,13 @@ def test_the_same_answer_is_trained_when_the_record_holds_it(tmp_path):
         assert [sum(r["loss_mask"]) for r in out["rows"]] == [TOKENS + 1]
 
 
-def test_a_finish_with_no_record_over_http_trains_the_terminal_chain(tmp_path):
+def test_a_finish_with_no_record_over_http_trains_the_traffic(tmp_path):
     """The one HTTP shape for "no record at all": `{"conversations": []}` (an empty `messages` is
-    refused as a malformed conversation). The gateway's own view, the terminal chain, is trained."""
+    refused as a malformed conversation). The gateway's own view, the calls themselves, is trained."""
     with start_gateway("tiny", engine=BigEngine(scripted_engine("tiny"), n=8), ledger=tmp_path / "l.db") as gw:
         ro = gw.create_rollout("g")
         _client(gw, ro).chat.completions.create(model="m", messages=USER)
         gw.finish(ro["rollout_id"], conversations=[], reward=1.0)
         out = gw.rows(ro["rollout_id"])
-        assert out["invalid_reason"] is None and out["metrics"]["source"] == "terminal_chain"
+        assert out["invalid_reason"] is None and out["metrics"]["source"] == "traffic"
         assert [sum(r["loss_mask"]) for r in out["rows"]] == [9]
