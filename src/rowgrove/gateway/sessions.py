@@ -29,6 +29,7 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import os
 import secrets
 import time
 from collections.abc import Mapping
@@ -81,6 +82,10 @@ from rowgrove.gateway.settings import (  # noqa: F401 (re-exported: sessions was
     is_loopback,
     model_context_length,
 )
+
+# ROWGROVE_TEST_DIE_AFTER_COMMIT=1: the process exits at once after a call's commit, before its
+# response is sent (tests/reliability/test_crash_retry.py); read once, at import
+_DIE_AFTER_COMMIT = os.environ.get("ROWGROVE_TEST_DIE_AFTER_COMMIT") == "1"
 
 log = logging.getLogger("rowgrove.gateway")
 
@@ -477,6 +482,8 @@ class Gateway:
             self.ledger.end_call(call.id, "failed", f"could not record the response: {type(e).__name__}: {e}",
                                  sampled_ids=gen.token_ids, logprobs=gen.logprobs, weight_versions=versions)
             raise
+        if _DIE_AFTER_COMMIT:  # tests: a crash between the ledger commit and the response
+            os._exit(137)
         if session.index is not None:
             text = None if plan.context_text is None else plan.context_text + self.renderer.decode(gen.token_ids)
             session.index.add_call(call.id, summary, plan.full_prompt_ids, sampled_ids=gen.token_ids,
