@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         rollout = ledger.get_rollout(args.rollout)
         calls = read_calls(ledger, rollout.id)
         images = ledger.call_images(rollout.id)  # which calls carried which images (vision models)
-    # an open rollout has no record yet: its picture shows the terminal chain it would give now
+    # an open rollout has no record yet: its picture shows what a finish with no record would train now
     built = build_rows(rollout, calls)
     if args.ids and not args.model:
         raise InputError("--ids shows the token ids of the decoded rows: give --model too (e.g. --model tiny)")
