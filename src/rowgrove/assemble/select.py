@@ -13,9 +13,11 @@ over the candidate calls of its assistant messages. A path is scored, in this or
 1. calls in the order the conversation has them (ordinals strictly increasing),
 2. the most consecutive matches where the earlier call is an ancestor of the later one
    (a continuation of the previous matched turn beats an unrelated call with the same text),
-3. the fewest calls an earlier conversation of the record already claimed: a record that
-   repeats itself (two context windows, two sub-agents or two branches holding the same turns)
-   claims one call per message, so each window's calls are trained,
+3. the fewest calls another conversation of the record claims: a record that repeats itself
+   (two context windows, two sub-agents or two branches holding the same turns) claims one call
+   per message, so each window's calls are trained. The conversations with several candidates
+   are picked again in turn, each against the others' picks, until no pick changes (4 passes
+   at most),
 4. the later calls (sum of ordinals): between two retries with the same text that nothing else
    tells apart, the most recent one, as the gateway picks the most recent parent.
 Messages with a single candidate (the usual case) cost one dict lookup.
@@ -192,6 +194,7 @@ def select_calls(record: Mapping[str, Any] | None, calls: Sequence[Call]) -> Sel
             by_hash.setdefault(c.response_hash, []).append(c)
     by_id = {c.id: c for c in calls}
     sel = Selection()
+    convs: list[tuple[int, list[int], list[list[Call]]]] = []
     for ci, conv in enumerate(record_conversations(record)):
         positions: list[int] = []
         steps: list[list[Call]] = []
@@ -204,12 +207,23 @@ def select_calls(record: Mapping[str, Any] | None, calls: Sequence[Call]) -> Sel
                 continue
             positions.append(mi)
             steps.append(cands)
-        if not steps:
-            continue
-        if all(len(s) == 1 for s in steps):
-            path = [s[0] for s in steps]
-        else:
-            path = _best_path(steps, by_id, sel.accepted)
+        if steps:
+            convs.append((ci, positions, steps))
+    paths: list[list[Call]] = [[s[0] for s in steps] if all(len(s) == 1 for s in steps) else []
+                               for _, _, steps in convs]
+    open_ = [k for k, p in enumerate(paths) if not p]
+    # conversations whose messages have several candidates: each pass picks, per conversation,
+    # the path that claims fewest calls the other conversations picked, until no pick changes
+    for _ in range(4 if open_ else 0):
+        changed = False
+        for k in open_:
+            others = {c.id for j, p in enumerate(paths) if j != k for c in p}
+            path = _best_path(convs[k][2], by_id, others)
+            if path != paths[k]:
+                paths[k], changed = path, True
+        if not changed:
+            break
+    for (ci, positions, steps), path in zip(convs, paths, strict=True):
         for mi, c, cands in zip(positions, path, steps, strict=True):
             sel.matches.append(Match(ci, mi, c.id, len(cands)))
             sel.accepted.add(c.id)
