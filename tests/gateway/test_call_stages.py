@@ -108,3 +108,30 @@ def test_what_changed_during_a_wait_is_refused_before_any_write(gateway, monkeyp
 
     asyncio.run(go())
     assert gw.ledger.calls(ro.id) == []
+
+
+def test_a_retry_arriving_while_its_original_waits_at_a_stage_is_its_replay(gateway):
+    """Issue 36: with other calls in flight the original yields at its stages before its pending
+    row; an SDK retry of the same body arriving then waits for the original's answer (it was
+    registered in flight before the first yield) instead of generating the call a second time."""
+    gw = gateway
+    ro, other = gw.create_rollout("g", None), gw.create_rollout("g", None)
+    s = gw.session(ro.id)
+    body = _body(0)
+    req, key = parse_chat_request(body), request_key(body)
+
+    async def go():
+        gw.engine.delay = 0.2
+        busy = asyncio.ensure_future(_call(gw, gw.session(other.id), 1))  # in flight: the stages yield
+        await asyncio.sleep(0.05)
+        gw.engine.delay = 0.0
+        first = asyncio.ensure_future(gw.complete(s, req, key=key, retry=False))
+        await asyncio.sleep(0)  # the original is at its first stage yield, no pending row yet
+        assert not gw.ledger.calls(ro.id)
+        again = await gw.complete(s, req, key=key, retry=True)
+        return await first, again, await busy
+
+    first, again, _ = asyncio.run(go())
+    assert first.generated and not again.generated
+    assert again.body == first.body
+    assert len(gw.ledger.calls(ro.id)) == 1

@@ -14,6 +14,7 @@ import time
 
 import httpx
 import openai
+import pytest
 from test_crash import _free_port
 
 from rowgrove.ledger import Ledger
@@ -82,3 +83,75 @@ def test_an_sdk_retry_after_a_crash_between_commit_and_response_is_replayed(tmp_
     for out, call in zip(answers, calls, strict=True):
         assert call.status == "completed" and out.id == call.id
         assert out.choices[0].message.content == call.response["choices"][0]["message"]["content"]
+
+
+ROLLOUTS, TURNS = 16, 2
+
+
+@pytest.mark.slow  # two server processes (~10-20 s each to import torch and build the engine)
+def test_sdk_retries_of_concurrent_rollouts_after_a_crash_between_commit_and_response_are_replayed(tmp_path):
+    """16 rollouts at once, each its own SDK client: the server dies after the first commit of a
+    group that holds several calls (committed, unanswered); every one of them is answered from the
+    ledger by its SDK retry after the restart, and no rollout has a call generated twice."""
+    ledger, port = tmp_path / "l.db", _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "serve.log", "wb") as log:
+        procs = [_start(ledger, port, log, die=True)]
+        at_crash: set[str] = set()
+
+        def restart() -> None:
+            assert procs[0].wait(timeout=120) == 137  # the crash, after a commit
+            with Ledger(ledger, readonly=True) as lg:
+                at_crash.update(c.id for ro in lg.rollouts() for c in lg.calls(ro.id) if c.status == "completed")
+            procs.append(_start(ledger, port, log, die=False))
+
+        ros = [httpx.post(url + "/v1/rollouts", json={"group_id": f"g{k % 4}"}).json() for k in range(ROLLOUTS)]
+        answers: dict[str, list] = {ro["rollout_id"]: [] for ro in ros}
+        errors: list[BaseException] = []
+        start = threading.Barrier(ROLLOUTS)
+
+        def rollout(k: int, ro: dict) -> None:
+            try:
+                base = url + ro["base_url"] if ro["base_url"].startswith("/") else ro["base_url"]
+                client = openai.OpenAI(base_url=base, api_key=ro["api_key"], max_retries=10, timeout=60)
+                messages = [{"role": "user", "content": f"task {k}: count to three"}]
+                start.wait()
+                for turn in range(TURNS):
+                    out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8)
+                    answers[ro["rollout_id"]].append(out)
+                    messages = [*messages, {"role": "assistant", "content": out.choices[0].message.content},
+                                {"role": "user", "content": f"observation {turn}: go on"}]
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        watcher = threading.Thread(target=restart)
+        watcher.start()
+        threads = [threading.Thread(target=rollout, args=(k, ro)) for k, ro in enumerate(ros)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=180)
+            watcher.join(timeout=180)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+                    p.wait(timeout=60)
+    assert not errors, errors
+    assert at_crash, "nothing was committed before the crash"
+    answered = {out.id: out for outs in answers.values() for out in outs}
+    # every call committed before the crash reached its client (replayed to the SDK's retry)
+    assert at_crash <= answered.keys(), at_crash - answered.keys()
+    regenerated = []
+    with Ledger(ledger, readonly=True) as lg:
+        for ro in ros:
+            done = [c for c in lg.calls(ro["rollout_id"]) if c.status == "completed"]
+            outs = answers[ro["rollout_id"]]
+            if len(done) != TURNS:
+                regenerated.append((ro["rollout_id"], [(c.id, c.id in at_crash) for c in done]))
+                continue
+            for out, call in zip(outs, done, strict=True):
+                assert out.id == call.id
+                assert out.choices[0].message.content == call.response["choices"][0]["message"]["content"]
+    assert not regenerated, (len(at_crash), regenerated)

@@ -314,6 +314,23 @@ class Gateway:
                 return Completion(original, str(original.get("id", "")), generated=False)
             if session.finished:
                 raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
+        # registered before the first await (the stage yields below), so that a retry of this body
+        # arriving meanwhile waits for this call's answer instead of generating it a second time
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_consume_exception)
+        session.inflight[key] = fut
+        try:
+            return await self._complete(session, req, key, fut)
+        except BaseException as e:
+            if not fut.done():
+                fut.set_exception(e if isinstance(e, Exception) else EngineError("call was cancelled"))
+            raise
+        finally:
+            if session.inflight.get(key) is fut:
+                del session.inflight[key]
+
+    async def _complete(self, session: RolloutSession, req: ChatRequest, key: str,
+                        fut: asyncio.Future) -> Completion:
         await self._next_stage(session)  # the request's checks done; decide with the turn's other calls
         index = self._index(session)
         messages, images = req.messages, NO_IMAGES
@@ -336,11 +353,6 @@ class Gateway:
                 f"after {self.settings.retry_after:g} s",
                 self.settings.retry_after,
             )
-        # registered before the first await, so that a retry of this body arriving meanwhile
-        # waits for this call's answer and the queue bound counts it
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(_consume_exception)
-        session.inflight[key] = fut
         self.in_flight += 1
         kind = call_kind(plan.parent_id, plan.drift)
         status = "aborted"
@@ -372,8 +384,6 @@ class Gateway:
         finally:
             self.in_flight -= 1
             self.metrics.call_ended(status, kind)
-            if session.inflight.get(key) is fut:
-                del session.inflight[key]
 
     def _check_callable(self, session: RolloutSession) -> None:
         if session.finished:
