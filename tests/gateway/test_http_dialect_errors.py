@@ -45,7 +45,7 @@ BAD_RESPONSES = [
     pytest.param(dict(input=[*USER, {"type": "function_call_output", "call_id": "call_nope", "output": "1"}]),
                  "input", id="output-answers-nothing"),
     pytest.param(dict(input=[{"role": "wizard", "content": "x"}]), "input", id="unknown-role"),
-    pytest.param(dict(input="hi", tools=[{"type": "web_search"}]), "tools", id="non-function-tool"),
+    pytest.param(dict(input="hi", tools=[{"type": "not_a_tool"}]), "tools", id="non-function-tool"),
     pytest.param(dict(input="hi", tools=[{"type": "function"}]), "tools", id="tool-without-name"),
     pytest.param(dict(input="hi", max_output_tokens=0), "max_output_tokens", id="max-output-tokens-0"),
     pytest.param(dict(input="hi", temperature="hot"), "temperature", id="temperature-type"),

@@ -336,6 +336,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         raw, body = await _read_body(request, gw)
         call = responses_api.parse_responses_request(
             body, default_max_tokens=gw.settings.default_max_tokens, memo=s.checked,
+            refuse_hosted=gw.settings.hosted_tools == "refuse",
             previous=lambda rid: responses_api.resolve_previous(
                 s.responses, s.rollout_id, rid, lambda cid: gw.ledger.get_call(cid).rollout_id))
 
