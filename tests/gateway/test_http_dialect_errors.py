@@ -70,7 +70,7 @@ def test_bad_responses_requests_get_openai_errors_and_change_nothing(gw, ro, kwa
 BAD_MESSAGES = [
     pytest.param(dict(max_tokens=0, messages=USER), "max_tokens", id="max-tokens-0"),
     pytest.param(dict(max_tokens=8, messages=[]), "messages", id="no-messages"),
-    pytest.param(dict(max_tokens=8, messages=[{"role": "system", "content": "x"}]), "messages", id="system-role"),
+    pytest.param(dict(max_tokens=8, messages=[{"role": "tool", "content": "x"}]), "messages", id="unknown-role"),
     pytest.param(dict(max_tokens=8, messages=[{"role": "user", "content": [{"type": "tool_result",
                                                                            "tool_use_id": "toolu_x"}]}]),
                  "messages", id="tool-result-answers-nothing"),

@@ -356,6 +356,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         gw.authorize_call(s, request.headers.get("x-api-key") or _bearer(request))
         raw, body = await _read_body(request, gw)
         req, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens,
+                                                         refuse_hosted=gw.settings.hosted_tools == "refuse",
                                                          memo=s.checked)
 
         def answer(done: Completion) -> tuple[list[bytes], bool]:
