@@ -63,3 +63,14 @@ def test_a_server_tool_is_refused_by_name_under_refuse():
                        json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
                              "tools": TOOLS})
         assert r.status_code == 400 and "'web_search_20250305'" in r.text
+
+
+def test_head_and_get_on_the_base_urls_answer_200():
+    with start_gateway("tiny", engine="scripted") as gw:
+        ro = gw.create_rollout("g")
+        root = ro["base_url"].removesuffix("/rollouts/" + ro["rollout_id"] + "/v1")
+        for url in (ro["base_url"], ro["base_url"].removesuffix("/v1"), root + "/v1"):
+            for method in ("HEAD", "GET"):
+                r = httpx.request(method, url, headers={"x-api-key": ro["api_key"]})
+                assert r.status_code == 200, (method, url, r.text)
+        assert httpx.head(root + "/rollouts/ro_nope").status_code == 404
