@@ -6,6 +6,7 @@ control routes that create, finish and inspect rollouts.
     POST /rollouts/{rollout_id}/v1/chat/completions     OpenAI Chat Completions (stream or not)
     POST /rollouts/{rollout_id}/v1/responses            OpenAI Responses API (gateway.dialects.responses_api)
     POST /rollouts/{rollout_id}/v1/messages             Anthropic Messages API (gateway.dialects.anthropic_api)
+    POST /rollouts/{rollout_id}/v1/messages/count_tokens  {"input_tokens"} of the prompt that body renders
     GET  /rollouts/{rollout_id}/v1/models               the served model (client.models.list())
     POST /v1/rollouts/{rollout_id}/finish               accepted conversation(s) + reward
     GET  /v1/rollouts/{rollout_id}                      lineage
@@ -375,6 +376,19 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
 
         return await served(request, s, chat, raw, answer, t0)
 
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's `messages.count_tokens`: `{"input_tokens": N}`, N the exact length of the
+        prompt a `messages.create` of this body would give the engine now (`Gateway.prompt_tokens`);
+        nothing is generated or written. The body has no max_tokens: counting needs none."""
+        s = gw.session(request.path_params["rollout_id"])
+        gw.authorize_call(s, request.headers.get("x-api-key") or _bearer(request))
+        body = await _read_json(request, gw)
+        if isinstance(body, dict):
+            body = {**body, "max_tokens": 1, "stream": False}
+        _, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens,
+                                                       refuse_hosted=gw.settings.hosted_tools == "refuse")
+        return json_response({"input_tokens": gw.prompt_tokens(s, chat)})
+
     async def weights(request: Request) -> Response:
         gw.authorize_control(_bearer(request), client(request))
         if request.method == "POST":
@@ -388,7 +402,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
         metrics.rejected.labels(status=str(status)).inc()
         type_ = "not_found_error" if status == 404 else "invalid_request_error"
-        if request.url.path.endswith("/v1/messages"):  # the Anthropic route answers in Anthropic's shape
+        if request.url.path.endswith(("/v1/messages", "/v1/messages/count_tokens")):  # Anthropic's routes: its shape
             return json_response(anthropic_api.error_body(status, f"{request.method} {request.url.path}: {detail}"),
                                  status)
         return json_response(error_body(f"{request.method} {request.url.path}: {detail}",
@@ -438,6 +452,8 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
             Route("/rollouts/{rollout_id}/v1/chat/completions", guard(chat_completions), methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/responses", guard(responses), methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/messages", guard(messages, anthropic=True), methods=["POST"]),
+            Route("/rollouts/{rollout_id}/v1/messages/count_tokens", guard(count_tokens, anthropic=True),
+                  methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/models", guard(rollout_models), methods=["GET"]),
             Route("/v1/rollouts/{rollout_id}/finish", guard(finish), methods=["POST"]),
             Route("/v1/rollouts/{rollout_id}", guard(lineage), methods=["GET"]),

@@ -370,6 +370,22 @@ class Gateway:
             if session.inflight.get(key) is fut:
                 del session.inflight[key]
 
+    def prompt_tokens(self, session: RolloutSession, req: ChatRequest) -> int:
+        """The number of tokens of the prompt `complete` would send the engine for `req` in
+        `session`: decided against the rollout's calls as a call is (a continuation counts its
+        parent's exact tokens), rendered by the same path, with no generation and no ledger write
+        (`POST .../v1/messages/count_tokens`). BadRequest as `complete` for what it refuses."""
+        messages, images = req.messages, NO_IMAGES
+        vision = self.renderer.vision
+        if vision is not None:
+            from rowgrove.gateway.images import load_request_images
+
+            check_request(messages, req.tools, req.chat_template_kwargs)
+            messages, images = load_request_images(messages, folder=vision.folder, lookup=vision.lookup)
+        plan = decide(self._index(session), messages, self.renderer, tools=req.tools,
+                      options=req.chat_template_kwargs, images=images)
+        return len(plan.full_prompt_ids)
+
     def _check_callable(self, session: RolloutSession) -> None:
         if session.finished:
             raise Conflict(f"rollout {session.rollout_id} is finished: start a new rollout for more calls")
