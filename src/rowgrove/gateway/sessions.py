@@ -147,6 +147,7 @@ class Gateway:
         self.max_context = model_context_length(self.tokenizer, engine)
         self.vocab_size = int(getattr(engine, "vocab_size", None) or len(self.tokenizer))
         self.sessions: dict[str, RolloutSession] = {}
+        self.keys: dict[str, str] = {}  # api_key -> rollout id, of the keys plain /v1 calls used
         self.deadlines = Deadlines()
         self.in_flight = 0
         self.open_uploads = 0
@@ -194,6 +195,26 @@ class Gateway:
             s = RolloutSession(ro.id, ro.group_id, ro.api_key, finished=ro.status == "finished")
             self.sessions[ro.id] = s
         return s
+
+    def session_by_key(self, key: str | None) -> RolloutSession:
+        """The session of the rollout whose api_key is `key`: a call at the plain base URL
+        (`http://HOST:PORT/v1`) names its rollout by key alone. AuthError for no key or a key
+        no rollout has."""
+        if key:
+            rid = self.keys.get(key)
+            if rid is None:
+                ro = self.ledger.rollout_by_key(key)
+                rid = ro.id if ro is not None else None
+            if rid is not None:
+                s = self.session(rid)
+                if _same_key(key, s.api_key):
+                    self.keys[key] = rid
+                    return s
+        raise AuthError(
+            ("no rollout has this API key" if key else "a call at the plain base URL needs its rollout's API key")
+            + ": send the api_key POST /v1/rollouts returned (Authorization: Bearer KEY or x-api-key: KEY), "
+            "or call the base_url it returned (http://HOST:PORT/rollouts/{rollout_id}/v1)"
+        )
 
     def authorize_call(self, session: RolloutSession, key: str | None) -> None:
         """Only the rollout's own key may call its base_url."""
