@@ -374,6 +374,8 @@ class Gateway:
             )
             if plan.images:
                 self._store_images(call.id, plan)
+            for kind in req.hosted_tools:
+                self.metrics.hosted_dropped.inc(kind)
             body = await self._generate_and_commit(session, req, call, plan)
             status = "completed"
         except BaseException as e:
@@ -493,6 +495,8 @@ class Gateway:
                               "an engine must give one version >= 0 per sampled token, or none")
         try:
             body, message, finish = self._response(req, call, plan, gen)
+            if req.hosted_tools:  # recorded on the call: which hosted tools the model was not shown
+                body["hosted_tools_dropped"] = list(req.hosted_tools)
             summary, response_hash = summary_hashes(plan, message)
         except Exception as e:
             self.ledger.end_call(call.id, "failed", f"could not read the engine's answer: {type(e).__name__}: {e}",

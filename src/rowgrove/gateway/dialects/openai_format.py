@@ -46,6 +46,9 @@ class ChatRequest:
     tool_choice: Any = None
     script: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # the hosted tools' types (Responses web_search, Anthropic web_search_20250305, ...) the request
+    # named and the model is not shown (they run at the provider): recorded on the call, counted
+    hosted_tools: tuple[str, ...] = ()
 
 
 # -- the body as JSON --------------------------------------------------------------------------
