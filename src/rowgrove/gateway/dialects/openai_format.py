@@ -22,6 +22,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.engines.base import SamplingParams
 from rowgrove.errors import BadRequest
+from rowgrove.gateway.dialects.leading import merge_leading_system
 from rowgrove.gateway.dialects.validation import STRICT_DICT, checked_dict
 
 MAX_TOP_LOGPROBS = 20
@@ -212,9 +213,11 @@ def parse_chat_request(body: Any, *, default_max_tokens: int = 256) -> ChatReque
         top_logprobs=top_logprobs if logprobs else 0,
     )
     opts = req.get("stream_options")
-    # messages and tools as sent: templates render a schema in the client's key order
+    # messages and tools as sent (templates render a schema in the client's key order), the leading
+    # run of system / developer messages as one turn, as every dialect's edge gives it
+    messages = body["messages"]
     return ChatRequest(
-        messages=body["messages"], model=req.get("model") or "", sampling=sampling, stream=bool(req.get("stream")),
+        messages=merge_leading_system(messages) if isinstance(messages, list) else messages, model=req.get("model") or "", sampling=sampling, stream=bool(req.get("stream")),
         include_usage=bool(opts and opts.get("include_usage")), logprobs=logprobs,
         top_logprobs=top_logprobs, tools=body.get("tools") or None, tool_choice=body.get("tool_choice"),
         script=req.get("script"), chat_template_kwargs=dict(req.get("chat_template_kwargs") or {}),
