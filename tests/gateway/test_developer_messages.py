@@ -69,3 +69,16 @@ def test_a_chat_completions_request_with_two_developer_messages_is_served_whole(
         assert done.status_code == 200, done.text
         rows = httpx.get(f"{gw.url}/v1/rollouts/{ro['rollout_id']}/rows").json()
         assert len(rows["rows"]) == 1 and rows["invalid_reason"] is None, rows
+
+
+def test_a_chat_error_after_a_merged_run_names_the_message_by_its_index_as_sent():
+    from rowgrove.errors import BadRequest
+    from rowgrove.gateway.dialects.openai_format import parse_chat_request
+
+    body = {"model": "m", "messages": [{"role": "developer", "content": "a"}, {"role": "system", "content": "b"},
+                                       {"role": "user", "content": "u"},
+                                       {"role": "tool", "tool_call_id": "x", "content": "r"}]}
+    with pytest.raises(BadRequest, match=r"^messages\[3\]"):
+        parse_chat_request(body)
+    merged = parse_chat_request({**body, "messages": body["messages"][:3]}).messages
+    assert merged == [{"role": "developer", "content": "a\n\nb"}, {"role": "user", "content": "u"}]

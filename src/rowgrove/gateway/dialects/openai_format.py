@@ -216,8 +216,17 @@ def parse_chat_request(body: Any, *, default_max_tokens: int = 256) -> ChatReque
     # messages and tools as sent (templates render a schema in the client's key order), the leading
     # run of system / developer messages as one turn, as every dialect's edge gives it
     messages = body["messages"]
+    if isinstance(messages, list):
+        merged = merge_leading_system(messages)
+        if merged is not messages:
+            # checked as sent first, so that an error names the message by its index in the request
+            # (a harness with several leading system / developer messages: rare, so the cost is too)
+            from rowgrove.gateway.core.messages import validate_messages
+
+            validate_messages(messages)
+            messages = merged
     return ChatRequest(
-        messages=merge_leading_system(messages) if isinstance(messages, list) else messages, model=req.get("model") or "", sampling=sampling, stream=bool(req.get("stream")),
+        messages=messages, model=req.get("model") or "", sampling=sampling, stream=bool(req.get("stream")),
         include_usage=bool(opts and opts.get("include_usage")), logprobs=logprobs,
         top_logprobs=top_logprobs, tools=body.get("tools") or None, tool_choice=body.get("tool_choice"),
         script=req.get("script"), chat_template_kwargs=dict(req.get("chat_template_kwargs") or {}),
