@@ -45,7 +45,7 @@ BAD_RESPONSES = [
     pytest.param(dict(input=[*USER, {"type": "function_call_output", "call_id": "call_nope", "output": "1"}]),
                  "input", id="output-answers-nothing"),
     pytest.param(dict(input=[{"role": "wizard", "content": "x"}]), "input", id="unknown-role"),
-    pytest.param(dict(input="hi", tools=[{"type": "web_search"}]), "tools", id="non-function-tool"),
+    pytest.param(dict(input="hi", tools=[{"type": "not_a_tool"}]), "tools", id="non-function-tool"),
     pytest.param(dict(input="hi", tools=[{"type": "function"}]), "tools", id="tool-without-name"),
     pytest.param(dict(input="hi", max_output_tokens=0), "max_output_tokens", id="max-output-tokens-0"),
     pytest.param(dict(input="hi", temperature="hot"), "temperature", id="temperature-type"),
@@ -64,13 +64,14 @@ def test_bad_responses_requests_get_openai_errors_and_change_nothing(gw, ro, kwa
     err = info.value.response.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
     assert err["param"] == param and err["message"]
+    assert "; or" not in err["message"] and "; " not in err["message"]  # one field, one sentence
     assert dump_ledger(gw.ledger_path) == before
 
 
 BAD_MESSAGES = [
     pytest.param(dict(max_tokens=0, messages=USER), "max_tokens", id="max-tokens-0"),
     pytest.param(dict(max_tokens=8, messages=[]), "messages", id="no-messages"),
-    pytest.param(dict(max_tokens=8, messages=[{"role": "system", "content": "x"}]), "messages", id="system-role"),
+    pytest.param(dict(max_tokens=8, messages=[{"role": "tool", "content": "x"}]), "messages", id="unknown-role"),
     pytest.param(dict(max_tokens=8, messages=[{"role": "user", "content": [{"type": "tool_result",
                                                                            "tool_use_id": "toolu_x"}]}]),
                  "messages", id="tool-result-answers-nothing"),
@@ -99,7 +100,37 @@ def test_bad_messages_requests_get_anthropic_errors_and_change_nothing(gw, ro, k
     assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
     assert body["error"]["type"] == "invalid_request_error"
     assert param in body["error"]["message"]
+    assert "; or" not in body["error"]["message"] and "; " not in body["error"]["message"]
     assert dump_ledger(gw.ledger_path) == before
+
+
+ONE_FIELD = [  # (a bad body, the one sentence said): a union's branch the value meant, not every branch
+    (dict(input=5), "'input': Input should be a valid string or a valid list (got 5)"),
+    (dict(input=[{"role": "user", "content": 5}]),
+     "'input[0].message.content': Input should be a valid string or a valid list (got 5)"),
+    (dict(input="hi", tool_choice={"type": "function"}), "'tool_choice.name': Field required"),
+    (dict(input="hi", tool_choice="sometimes"),
+     "'tool_choice': Input should be 'none', 'auto' or 'required' (got 'sometimes')"),
+    (dict(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]),
+     "'input[0].function_call.call_id': Field required"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), ONE_FIELD)
+def test_a_refusal_names_the_one_field_the_value_meant(gw, ro, kwargs, message):
+    with pytest.raises(openai.BadRequestError) as info:
+        _openai(ro).responses.create(model="m", **kwargs)
+    assert info.value.response.json()["error"]["message"] == message
+
+
+def test_a_messages_refusal_names_the_one_field(gw, ro):
+    with pytest.raises(anthropic.BadRequestError) as info:
+        _anthropic(ro).messages.create(model="m", max_tokens=8, messages=USER, system=3)
+    assert info.value.response.json()["error"]["message"] == "'system': Input should be a valid string or a valid list (got 3)"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        _anthropic(ro).messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": 3}])
+    assert info.value.response.json()["error"]["message"] == (
+        "'messages[0].content': Input should be a valid string or a valid list (got 3)")
 
 
 def test_messages_route_errors_of_every_kind_are_anthropic_shaped(gw, ro):
