@@ -40,7 +40,7 @@ from typing import Any
 from rowgrove.errors import InputError
 from rowgrove.model import tiny
 
-FAMILY_BUILDER_VERSION = 1
+FAMILY_BUILDER_VERSION = 2  # 2: 131,072 positions (tiny.CONTEXT)
 MARKER = "rowgrove-family.json"
 _BASE_VOCAB = 1024  # BPE vocabulary of the tiny tokenizer, before the family's tokens
 REAL_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -192,7 +192,7 @@ def _write_real(out: Path, tokenizer_dir: Path, renames: Mapping[int, str], *, c
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2,
         num_hidden_layers=layers, num_attention_heads=n_heads, num_key_value_heads=n_kv,
-        max_position_embeddings=8192, tie_word_embeddings=tie_embeddings,
+        max_position_embeddings=tiny.CONTEXT, tie_word_embeddings=tie_embeddings,
         bos_token_id=tid(bos), eos_token_id=eos_ids, pad_token_id=tid(pad),
     )
     with torch.random.fork_rng(devices=[]):
@@ -218,7 +218,7 @@ def _write(out: Path, *, chat_template: str, specials: list[str], extra: list[st
     raw = _family_tokenizer(seed, specials, extra, bos, add_bos)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw, bos_token=bos, eos_token=eos, pad_token=pad,
-        model_max_length=8192, clean_up_tokenization_spaces=False,
+        model_max_length=tiny.CONTEXT, clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(out)
@@ -231,7 +231,7 @@ def _write(out: Path, *, chat_template: str, specials: list[str], extra: list[st
     config = LlamaConfig(
         vocab_size=raw.get_vocab_size(), hidden_size=hidden, intermediate_size=hidden * 2,
         num_hidden_layers=layers, num_attention_heads=n_heads, num_key_value_heads=n_kv,
-        max_position_embeddings=8192, tie_word_embeddings=tie_embeddings,
+        max_position_embeddings=tiny.CONTEXT, tie_word_embeddings=tie_embeddings,
         bos_token_id=tid(bos), eos_token_id=eos_ids, pad_token_id=tid(pad),
     )
     config.tokenizer_class = "PreTrainedTokenizerFast"

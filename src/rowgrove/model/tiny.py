@@ -26,7 +26,8 @@ from pathlib import Path
 from rowgrove.errors import InputError
 from rowgrove.model.templates import get_template
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: 131,072 positions (real coding-agent prompts are 16k-45k tokens)
+CONTEXT = 131_072  # positions every tiny model allows; RoPE has no learned table, so the weights are unchanged
 MARKER = "rowgrove-tiny.json"
 
 SPECIAL_TOKENS = (
@@ -136,7 +137,7 @@ def _write(out: Path, *, template: str, seed: int, layers: int, hidden: int, voc
     raw = _train_tokenizer(seed, vocab_size, extra_corpus)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw, eos_token=spec.end_of_turn, pad_token=PAD_TOKEN, bos_token=spec.bos,
-        model_max_length=8192, clean_up_tokenization_spaces=False,
+        model_max_length=CONTEXT, clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = spec.jinja
     tokenizer.save_pretrained(out)
@@ -146,7 +147,7 @@ def _write(out: Path, *, template: str, seed: int, layers: int, hidden: int, voc
     config = LlamaConfig(
         vocab_size=raw.get_vocab_size(), hidden_size=hidden, intermediate_size=hidden * 2,
         num_hidden_layers=layers, num_attention_heads=n_heads, num_key_value_heads=n_kv,
-        max_position_embeddings=8192, tie_word_embeddings=tie_embeddings,
+        max_position_embeddings=CONTEXT, tie_word_embeddings=tie_embeddings,
         bos_token_id=raw.token_to_id(spec.bos) if spec.bos else None, eos_token_id=eot,
         pad_token_id=raw.token_to_id(PAD_TOKEN),
     )

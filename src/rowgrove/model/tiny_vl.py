@@ -25,10 +25,10 @@ import json
 from pathlib import Path
 
 from rowgrove.model.templates import get_template
-from rowgrove.model.tiny import PAD_TOKEN, _build_cached, _complete_hash, _train_tokenizer, cache_root
+from rowgrove.model.tiny import CONTEXT, PAD_TOKEN, _build_cached, _complete_hash, _train_tokenizer, cache_root
 from rowgrove.model.vision import VISION_TOKENS
 
-BUILDER_VERSION = 2  # 2: the folder loads with AutoProcessor (processor files, auto_map)
+BUILDER_VERSION = 3  # 2: the folder loads with AutoProcessor (processor files, auto_map); 3: 131,072 positions
 MARKER = "rowgrove-tiny.json"
 TEMPLATE = "qwen2-vl"
 MIN_PIXELS = 56 * 56
@@ -86,7 +86,7 @@ def _write(out: Path, *, seed: int, layers: int, hidden: int, vocab_size: int, m
     raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_TOKENS])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw, eos_token=spec.end_of_turn, pad_token=PAD_TOKEN,
-        model_max_length=8192, clean_up_tokenization_spaces=False,
+        model_max_length=CONTEXT, clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = spec.jinja
     image_processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
@@ -103,7 +103,7 @@ def _write(out: Path, *, seed: int, layers: int, hidden: int, vocab_size: int, m
         text_config={
             "vocab_size": raw.get_vocab_size(), "hidden_size": hidden, "intermediate_size": hidden * 2,
             "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": 2,
-            "max_position_embeddings": 8192, "eos_token_id": eot, "pad_token_id": pad, "bos_token_id": None,
+            "max_position_embeddings": CONTEXT, "eos_token_id": eot, "pad_token_id": pad, "bos_token_id": None,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
         },
         vision_config={"depth": 1, "embed_dim": 32, "hidden_size": hidden, "num_heads": 2, "mlp_ratio": 2,

@@ -214,16 +214,29 @@ def _is_content_access(node: jn.Node) -> bool:
     return False
 
 
+def renders_developer(chat_template: str) -> bool:
+    """Whether the template renders a `developer` message itself (gpt-oss's harmony template names
+    the role). Elsewhere a developer message is handed to the template as a `system` message:
+    most templates drop a role they do not know without a word (Qwen2.5, Qwen3, GLM-4.6,
+    DeepSeek) or raise on it (Gemma 3, Mistral), and a developer message is the system prompt by
+    another name (OpenAI's model spec: developer messages take the place of system messages)."""
+    return "developer" in chat_template
+
+
 def engine_message(msg: Mapping[str, Any], index: int, content_format: str | frozenset[str] = STRING, *,
-                   media: bool = False, images: RequestImages = NO_IMAGES) -> dict[str, Any]:
+                   media: bool = False, images: RequestImages = NO_IMAGES,
+                   developer: bool = True) -> dict[str, Any]:
     """One OpenAI message as the engine's chat endpoint passes it to the template (see the module
     docstring). The input must already be a valid message (`decide.validate_messages`).
     `content_format`: "string" or "openai" for every role, or the roles whose text parts stay a
     list (`detect_part_roles`). With `media` (a vision model) image parts are kept, as
     `{"type": "image", "image": <pixel digest>}` in a list of parts (what vLLM hands a multimodal
     template), with text parts as they are; the digests are those the edge resolved (`images`,
-    the request's `RequestImages`)."""
+    the request's `RequestImages`). `developer` False (the template does not render that role,
+    `renders_developer`): a developer message reaches the template as a system message."""
     role = msg.get("role")
+    if role == "developer" and not developer:
+        role = "system"
     out: dict[str, Any] = {"role": role}
     content = msg.get("content")
     if media and isinstance(content, list) and any(_is_image_part(p) for p in content):

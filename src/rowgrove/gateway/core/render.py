@@ -55,7 +55,7 @@ from rowgrove.errors import BadRequest, InputError
 from rowgrove.gateway.core.drift import change_one_char, common_prefix
 from rowgrove.gateway.core.messages import NO_IMAGES, RequestImages
 from rowgrove.gateway.core.pieces import lines_cut_exactly, units_of
-from rowgrove.gateway.core.preprocess import detect_part_roles, engine_message, prepared_images
+from rowgrove.gateway.core.preprocess import detect_part_roles, engine_message, prepared_images, renders_developer
 
 # apply_chat_template's own parameters, and the variables it fills from the tokenizer: a
 # chat_template_kwargs key with one of these names would change how rendering works (or which
@@ -119,6 +119,8 @@ class Renderer:
         self.last_split: Any = None  # the window split of the latest full render (window.Split) or None
         # the roles whose text parts reach the template as a list (`preprocess.detect_part_roles`)
         self.content_format: frozenset[str] = detect_part_roles(tokenizer.chat_template)
+        # a developer message reaches a template that does not render the role as a system message
+        self.developer: bool = renders_developer(tokenizer.chat_template)
         self._fast_ok: dict[bytes, bool] = {}
         self._prepared: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
         # whether each prepared message in that cache is `window.plain`, by the object's id (valid
@@ -166,11 +168,11 @@ class Renderer:
             try:
                 key = orjson.dumps(m)
             except (orjson.JSONEncodeError, TypeError):
-                out.append(engine_message(m, i, self.content_format, media=media, images=images))
+                out.append(engine_message(m, i, self.content_format, media=media, images=images, developer=self.developer))
                 continue
             hit = cache.get(key)
             if hit is None:
-                hit = engine_message(m, i, self.content_format, media=media, images=images)
+                hit = engine_message(m, i, self.content_format, media=media, images=images, developer=self.developer)
                 cache[key] = hit
                 if self.fast is not None:
                     from rowgrove.gateway.core.window import plain

@@ -38,6 +38,7 @@ from pydantic import Discriminator, Field, Tag, TypeAdapter, with_config
 from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.errors import BadRequest, RowgroveError
+from rowgrove.gateway.dialects.canonical import merge_leading_system
 from rowgrove.gateway.dialects.openai_format import ChatRequest, parse_chat_request
 from rowgrove.gateway.dialects.validation import (
     STRICT_DICT,
@@ -295,7 +296,8 @@ def parse_responses_request(body: Any, *, default_max_tokens: int, previous: Any
         conversation = [{"role": "user", "content": req.input}]
     else:
         conversation = _translate(req.input, memo)
-    messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
+    messages = merge_leading_system(
+        ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation)
     if not messages:
         raise BadRequest("'input' is empty and no previous_response_id gives a conversation: send at least one "
                          "input item", param="input")
