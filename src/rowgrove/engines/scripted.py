@@ -46,7 +46,10 @@ class ScriptedEngine:
     passes that may run at once (>= 1; a pass that outlives its call holds one until it ends).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, threads: int | None = None, workers: int = 4):
+    def __init__(self, model: Any, tokenizer: Any, *, threads: int | None = None, workers: int = 4,
+                 policy: str | None = None):
+        if policy not in (None, "harness"):
+            raise InputError(f"unknown script policy {policy!r}: use harness")
         if workers < 1:
             raise InputError(f"workers must be >= 1, got {workers}")
         self.model = model
@@ -65,6 +68,7 @@ class ScriptedEngine:
         from rowgrove.model.vision import vision_of
 
         self.vision = vision_of(tokenizer)  # a vision model: images in hints["images"] reach its tower
+        self.policy = policy  # "harness": the reply is chosen from the decoded prompt (engines/harness_policy.py)
 
     def script_ids(self, sampling: SamplingParams, hints: Mapping[str, Any] | None) -> tuple[list[int], str]:
         """The token ids the engine will return for these hints and their finish reason."""
@@ -95,6 +99,10 @@ class ScriptedEngine:
         if self._closed:
             raise EngineError("scripted engine is closed: create a new one")
         prompt = check_prompt(prompt_ids, self.vocab_size)
+        if self.policy == "harness" and (hints or {}).get("script") is None:
+            from rowgrove.engines.harness_policy import reply
+
+            hints = {**(hints or {}), "script": reply(self.tokenizer.decode(list(prompt_ids)))}
         ids, finish = self.script_ids(sampling, hints)
         images = (hints or {}).get("images") or ()
         if images and self.vision is None:
