@@ -32,17 +32,23 @@ _TOOL_NAME = re.compile(r'"name"\s*:\s*"([A-Za-z0-9_.\-]+)"')
 
 
 def _last_user(prompt: str) -> tuple[str, str]:
-    """(text of the last user turn, what follows it) in a ChatML prompt."""
-    at = prompt.rfind("<|im_start|>user")
-    if at < 0:
-        return prompt, ""
+    """(text of the last user turn that is not a tool result, what follows it) in a ChatML prompt
+    (the Qwen3 template renders tool results as user turns holding <tool_response>)."""
+    at = len(prompt)
+    while True:
+        at = prompt.rfind("<|im_start|>user", 0, at)
+        if at < 0:
+            return prompt, ""
+        if not prompt.startswith("<|im_start|>user\n<tool_response>", at):
+            break
     rest = prompt[at:]
     end = rest.find("<|im_end|>")
     return (rest if end < 0 else rest[:end]), ("" if end < 0 else rest[end:])
 
 
 def _tools(prompt: str) -> list[str]:
-    start, end = prompt.find("<tools>"), prompt.find("</tools>")
+    start = prompt.find("<tools>\n")  # the block itself, not the instructions' mention of the tags
+    end = prompt.find("</tools>", start + 1)
     if start < 0 or end < 0:
         return []
     names = []

@@ -128,7 +128,8 @@ def run_one(gw: Gateway, group: str, argv: Sequence[str], *, workdir: Path | Non
                                text=True, timeout=timeout)
             rc, tail = p.returncode, (p.stdout + p.stderr)[-4000:]
             if rc != 0:
-                reason = f"the harness exited with status {rc}"
+                last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+                reason = f"the harness exited with status {rc}" + (f": {last[:200]}" if last else "")
         except subprocess.TimeoutExpired:
             reason = f"the harness ran past --timeout {timeout:g} s"
         except OSError as e:
