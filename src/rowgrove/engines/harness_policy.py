@@ -88,11 +88,11 @@ def tool_call(name: str, arguments: dict) -> str:
 def reply(prompt: str) -> str:
     user, after = _last_user(prompt)
     low = user.lower()
-    tail = prompt[-4000:].lower()
     if "title" in low and ("generate" in low or "short" in low) and len(user) < 6000 and "<tools>" not in prompt:
         return "Answer file task"
-    if ("context checkpoint compaction" in tail or "summar" in tail and ("conversation" in tail or "compact" in tail)
-            or "/compact" in low):
+    task = low.split("</system-reminder>")[-1]  # Claude Code's reminders are not the request
+    if ("context checkpoint compaction" in task or "/compact" in task
+            or "summar" in task and ("conversation" in task or "compact" in task)):
         return ("Summary: the task was to write answer.txt; the shell command `echo done > answer.txt` ran "
                 "and the file holds `done`. Nothing else is left to do.")
     tools = _tools(prompt)
