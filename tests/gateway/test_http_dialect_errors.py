@@ -45,7 +45,7 @@ BAD_RESPONSES = [
     pytest.param(dict(input=[*USER, {"type": "function_call_output", "call_id": "call_nope", "output": "1"}]),
                  "input", id="output-answers-nothing"),
     pytest.param(dict(input=[{"role": "wizard", "content": "x"}]), "input", id="unknown-role"),
-    pytest.param(dict(input="hi", tools=[{"type": "web_search"}]), "tools", id="non-function-tool"),
+    pytest.param(dict(input="hi", tools=[{"type": "not_a_tool"}]), "tools", id="non-function-tool"),
     pytest.param(dict(input="hi", tools=[{"type": "function"}]), "tools", id="tool-without-name"),
     pytest.param(dict(input="hi", max_output_tokens=0), "max_output_tokens", id="max-output-tokens-0"),
     pytest.param(dict(input="hi", temperature="hot"), "temperature", id="temperature-type"),
@@ -70,7 +70,7 @@ def test_bad_responses_requests_get_openai_errors_and_change_nothing(gw, ro, kwa
 BAD_MESSAGES = [
     pytest.param(dict(max_tokens=0, messages=USER), "max_tokens", id="max-tokens-0"),
     pytest.param(dict(max_tokens=8, messages=[]), "messages", id="no-messages"),
-    pytest.param(dict(max_tokens=8, messages=[{"role": "system", "content": "x"}]), "messages", id="system-role"),
+    pytest.param(dict(max_tokens=8, messages=[{"role": "tool", "content": "x"}]), "messages", id="unknown-role"),
     pytest.param(dict(max_tokens=8, messages=[{"role": "user", "content": [{"type": "tool_result",
                                                                            "tool_use_id": "toolu_x"}]}]),
                  "messages", id="tool-result-answers-nothing"),

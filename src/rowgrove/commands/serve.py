@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--durability", default="normal", choices=("normal", "full"),
                    help="ledger commits: normal survives a process crash, full also a power loss "
                         "(SQLite synchronous=FULL, slower) (default normal)")
+    p.add_argument("--hosted-tools", default="drop", choices=("drop", "refuse"),
+                   help="hosted tools the engine cannot run (Responses web_search, file_search, ...; Anthropic "
+                        "server tools): drop (default) leaves them out of the prompt, refuse answers 400 naming the tool")
     p.add_argument("--media-folder", default=None, metavar="DIR",
                    help="let image parts name local files (file:///...) inside DIR; vision models only "
                         "(default: file URLs are refused, send images as data: URLs)")
@@ -94,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         max_json_depth=args.max_json_depth, body_timeout=args.body_timeout, max_open_uploads=args.max_open_uploads,
         public_url=args.public_url, trusted_proxies=tuple(args.trusted_proxy),
         model_name=args.served_model_name or args.model, media_folder=_media_folder(args.media_folder),
+        hosted_tools=args.hosted_tools,
     )
     if args.engine in ("vllm", "sglang") and not args.engine_url:
         raise InputError(f"--engine {args.engine} needs --engine-url, the address of the server")

@@ -201,6 +201,14 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         scheme = request.scope.get("scheme", "http")
         return f"{scheme}://{host}" + (f":{port}" if port is not None else "")
 
+    async def base_url(request: Request) -> Response:
+        """GET / HEAD on a base URL (`/v1`, `/rollouts/<id>`, `/rollouts/<id>/v1`): 200, the probe
+        Claude Code sends before its first call; an unknown rollout is 404."""
+        rid = request.path_params.get("rollout_id")
+        if rid is not None:
+            gw.session(rid)
+        return json_response({"status": "ok", **({"rollout_id": rid} if rid else {})}, 200)
+
     async def health(request: Request) -> Response:
         status = 503 if gw.closing else 200
         return json_response({"status": "closing" if gw.closing else "ok", "in_flight": gw.in_flight,
@@ -336,6 +344,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         raw, body = await _read_body(request, gw)
         call = responses_api.parse_responses_request(
             body, default_max_tokens=gw.settings.default_max_tokens, memo=s.checked,
+            refuse_hosted=gw.settings.hosted_tools == "refuse",
             previous=lambda rid: responses_api.resolve_previous(
                 s.responses, s.rollout_id, rid, lambda cid: gw.ledger.get_call(cid).rollout_id))
 
@@ -355,6 +364,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         gw.authorize_call(s, request.headers.get("x-api-key") or _bearer(request))
         raw, body = await _read_body(request, gw)
         req, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens,
+                                                         refuse_hosted=gw.settings.hosted_tools == "refuse",
                                                          memo=s.checked)
 
         def answer(done: Completion) -> tuple[list[bytes], bool]:
@@ -420,6 +430,9 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
             Route("/health", health, methods=["GET"]),
             Route("/metrics", guard(metrics_route), methods=["GET"]),
             Route("/v1/models", guard(models), methods=["GET"]),
+            Route("/v1", guard(base_url), methods=["GET", "HEAD"]),
+            Route("/rollouts/{rollout_id}", guard(base_url), methods=["GET", "HEAD"]),
+            Route("/rollouts/{rollout_id}/v1", guard(base_url), methods=["GET", "HEAD"]),
             Route("/v1/chat/completions", guard(chat_without_rollout), methods=["POST"]),
             Route("/v1/rollouts", guard(create_rollout), methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/chat/completions", guard(chat_completions), methods=["POST"]),

@@ -38,8 +38,11 @@ class GatewaySettings:
     model_name: str | None = None      # the model GET /v1/models lists; None: the engine's, else "rowgrove"
     gc_freeze: bool = True             # freeze start-up objects out of the collector (tail latency, see app.py)
     media_folder: str | None = None    # file:// image URLs are read only inside this folder; None: refused
+    hosted_tools: str = "drop"         # hosted tools (web_search, ...): "drop" leaves them out, "refuse" answers 400
 
     def __post_init__(self) -> None:
+        if self.hosted_tools not in ("drop", "refuse"):
+            raise InputError(f"--hosted-tools must be drop or refuse, got {self.hosted_tools!r}")
         for name in ("max_body_bytes", "max_queue", "max_open_uploads", "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")

@@ -36,6 +36,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.errors import BadRequest
 from rowgrove.gateway.dialects.openai_format import ChatRequest, parse_chat_request
+from rowgrove.gateway.dialects.canonical import merge_leading_system
 from rowgrove.gateway.dialects.validation import (
     STRICT_DICT,
     Snapshot,
@@ -114,7 +115,7 @@ Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | Thin
 
 @with_config(STRICT_DICT)
 class MessageParam(TypedDict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: Claude Code puts some inside `messages`
     content: str | list[Block]
 
 
@@ -147,7 +148,7 @@ class MessagesRequest(Strict):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
-    tools: list[ToolParam] | None = None
+    tools: list[Any] | None = None                     # checked one by one: `checked_tools`
     tool_choice: ToolChoice | None = None
     script: str | None = None                          # extra_body: the scripted engine's reply
     chat_template_kwargs: dict[str, Any] | None = None  # extra_body: template variables
@@ -189,6 +190,11 @@ def messages_to_chat(system: Any, messages: Sequence[Mapping[str, Any]], *, wher
         content = m["content"]
         if isinstance(content, str):
             out.append({"role": m["role"], "content": content})
+            continue
+        if m["role"] == "system":  # at its place, its text blocks as the system message's content
+            if any(b["type"] != "text" for b in content):
+                raise BadRequest(f"{where}[{i}].content: a system message holds only text blocks", param=where)
+            out.append({"role": "system", "content": _content([_part(b) for b in content])})
             continue
         if m["role"] == "assistant":
             out.append(_assistant(content, i, where))
@@ -278,14 +284,44 @@ def _translate(raw: list[Any], memo: dict[bytes, Any] | None) -> list[dict[str, 
     return conversation
 
 
-def parse_messages_request(body: Any, *, default_max_tokens: int,
-                           memo: dict[bytes, Any] | None = None) -> tuple[MessagesRequest, ChatRequest]:
+# server tools: Anthropic runs them (the "Server tools" page of Anthropic's tool-use docs); the
+# Anthropic-defined client tools (bash_*, text_editor_*, computer_*, memory_*) run on the client
+SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_")
+
+
+def checked_tools(raw: Any, refuse_hosted: bool = False) -> tuple[list[ToolParam], list[str]]:
+    """(the client tools the model sees, the server tools' types left out). BadRequest names the
+    one tool at fault: a server tool under `refuse_hosted`, an Anthropic-defined client tool (it
+    has no input_schema to render)."""
+    tools: list[ToolParam] = []
+    hosted: list[str] = []
+    for i, t in enumerate(raw or ()):
+        kind = t.get("type") if isinstance(t, Mapping) else None
+        if isinstance(kind, str) and kind.startswith(SERVER_TOOLS):
+            if refuse_hosted:
+                raise BadRequest(f"the server tool {kind!r} ('tools[{i}]') cannot run on this gateway's engine "
+                                 "(served with --hosted-tools refuse): remove it from 'tools'", param="tools")
+            hosted.append(kind)
+            continue
+        if kind not in (None, "custom"):
+            raise BadRequest(f"'tools[{i}].type' {kind!r} is not served here: declare the tool with a name, "
+                             "description and input_schema", param="tools")
+        try:
+            tools.append(checked(ToolParam, t))
+        except BadRequest as e:
+            raise BadRequest(f"tools[{i}]: {e}", param="tools", code=e.code) from None
+    return tools, hosted
+
+
+def parse_messages_request(body: Any, *, default_max_tokens: int, memo: dict[bytes, Any] | None = None,
+                           refuse_hosted: bool = False) -> tuple[MessagesRequest, ChatRequest]:
     """Check a decoded `messages.create` body and translate it; BadRequest names the field.
     `memo`: the rollout's memo of checked messages (`validation.checked_items`)."""
     req = checked(MessagesRequest, body)
-    messages = system_message(req.system) + _translate(req.messages, memo)
+    messages = merge_leading_system(system_message(req.system) + _translate(req.messages, memo))
+    client_tools, _hosted = checked_tools(req.tools, refuse_hosted)
     tools = []
-    for t in req.tools or ():
+    for t in client_tools:
         fn: dict[str, Any] = {"name": t.name}
         if t.description is not None:
             fn["description"] = t.description

@@ -30,7 +30,7 @@ dialect: the same conversation over Chat Completions gives the same call and the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -91,6 +91,7 @@ class FunctionCallItem(TypedDict):
     call_id: Annotated[str, Field(min_length=1)]
     name: Annotated[str, Field(min_length=1)]
     arguments: str
+    namespace: NotRequired[str]  # a call to a function of a namespace tool, as Codex sends it back
 
 
 @with_config(STRICT_DICT)
@@ -140,6 +141,60 @@ class FunctionTool(Strict):
     strict: bool | None = None
 
 
+class NamespaceTool(Strict):
+    """`{"type": "namespace", "name": ..., "tools": [function tools]}` (Codex's multi_agent_v1):
+    the model sees the functions it holds; a call to one returns with `"namespace": name`."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    tools: list[FunctionTool]
+
+
+# hosted tools: the provider runs them, an inference engine cannot (OpenAI's Responses API tools guide)
+HOSTED_TOOLS = frozenset({
+    "web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
+    "file_search", "code_interpreter", "computer_use_preview", "computer_use", "image_generation", "mcp",
+    "local_shell",
+})
+
+
+def _tool(model: Any, raw: Any, where: str) -> Any:
+    try:
+        return checked(model, raw)
+    except BadRequest as e:
+        raise BadRequest(f"{where}: {e}", param="tools", code=e.code) from None
+
+
+def checked_tools(raw: Any) -> tuple[list[FunctionTool], dict[str, str], list[str]]:
+    """(the function tools the model sees, function name -> its namespace, the hosted tools'
+    types left out), from a request's `tools`. BadRequest names the one tool at fault."""
+    if raw is None:
+        return [], {}, []
+    if not isinstance(raw, list):
+        raise BadRequest("'tools' must be a list of tools", param="tools")
+    fns: list[FunctionTool] = []
+    spaces: dict[str, str] = {}
+    hosted: list[str] = []
+    for i, t in enumerate(raw):
+        kind = t.get("type") if isinstance(t, Mapping) else None
+        if kind in HOSTED_TOOLS:
+            hosted.append(kind)
+        elif kind == "namespace":
+            ns = _tool(NamespaceTool, t, f"tools[{i}]")
+            fns.extend(ns.tools)
+            spaces.update({f.name: ns.name for f in ns.tools})
+        elif kind == "custom":
+            raise BadRequest(f"'tools[{i}]' is a custom (free-form) tool, which is not served here: declare it as "
+                             "a function tool with a JSON-schema input", param="tools")
+        elif kind == "function":
+            fns.append(_tool(FunctionTool, t, f"tools[{i}]"))
+        else:
+            raise BadRequest(f"'tools[{i}].type' must be function or namespace (or a hosted tool, left out), "
+                             f"got {kind!r}", param="tools")
+    return fns, spaces, hosted
+
+
 class NamedToolChoice(Strict):
     type: Literal["function"]
     name: str
@@ -152,7 +207,7 @@ class ResponsesRequest(Strict):
     input: str | list[Any]                             # items: checked one by one against `Item`
     model: str = ""
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Any] | None = None                     # checked one by one: `checked_tools`
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -273,13 +328,15 @@ class ResponsesCall:
     conversation: list[dict[str, Any]]
     request: ResponsesRequest
     tools: list[dict[str, Any]]
+    namespaces: dict[str, str] = field(default_factory=dict)  # function name -> its namespace tool
+    hosted_tools: list[str] = field(default_factory=list)      # hosted tools' types left out of the prompt
 
 
 LOGPROBS = "message.output_text.logprobs"
 
 
 def parse_responses_request(body: Any, *, default_max_tokens: int, previous: Any = None,
-                            memo: dict[bytes, Any] | None = None) -> ResponsesCall:
+                            memo: dict[bytes, Any] | None = None, refuse_hosted: bool = False) -> ResponsesCall:
     """Check a decoded `responses.create` body and translate it; BadRequest names the field.
     `previous(response_id)` → the stored conversation of that response (BadRequest when there is
     none in this rollout); called only when the body names one. `memo`: the rollout's memo of
@@ -301,7 +358,11 @@ def parse_responses_request(body: Any, *, default_max_tokens: int, previous: Any
     if not messages:
         raise BadRequest("'input' is empty and no previous_response_id gives a conversation: send at least one "
                          "input item", param="input")
-    tools = [chat_tool(t) for t in req.tools or ()]
+    fns, spaces, hosted = checked_tools(req.tools)
+    if hosted and refuse_hosted:
+        raise BadRequest(f"the hosted tool {hosted[0]!r} cannot run on this gateway's engine (served with "
+                         "--hosted-tools refuse): remove it from 'tools'", param="tools")
+    tools = [chat_tool(t) for t in fns]
     choice: Any = req.tool_choice
     if isinstance(choice, NamedToolChoice):
         choice = {"type": "function", "function": {"name": choice.name}}
@@ -314,7 +375,8 @@ def parse_responses_request(body: Any, *, default_max_tokens: int, previous: Any
     }
     chat = parse_chat_request(chat_body, default_max_tokens=default_max_tokens)
     return ResponsesCall(chat=chat, conversation=conversation, request=req,
-                         tools=[t.model_dump(exclude_none=True) for t in req.tools or ()])
+                         tools=[t if isinstance(t, dict) else dict(t) for t in req.tools or ()],
+                         namespaces=spaces, hosted_tools=hosted)
 
 
 def _translate(raw: list[Any], memo: dict[bytes, Any] | None) -> list[dict[str, Any]]:
@@ -364,7 +426,8 @@ def response_id(call_id: str) -> str:
     return "resp_" + call_id
 
 
-def _output(call_id: str, message: Mapping[str, Any], logprobs: Any, status: str) -> list[dict[str, Any]]:
+def _output(call_id: str, message: Mapping[str, Any], logprobs: Any, status: str,
+            namespaces: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
         out.append({"id": f"rs_{call_id}", "type": "reasoning", "summary": [],
@@ -380,8 +443,12 @@ def _output(call_id: str, message: Mapping[str, Any], logprobs: Any, status: str
                     "content": [{"type": "output_text", "text": "", "annotations": []}]})
     for k, tc in enumerate(message.get("tool_calls") or ()):
         fn = tc["function"]
-        out.append({"id": f"fc_{call_id}_{k}", "type": "function_call", "call_id": tc["id"], "name": fn["name"],
-                    "arguments": fn["arguments"], "status": status})
+        item = {"id": f"fc_{call_id}_{k}", "type": "function_call", "call_id": tc["id"], "name": fn["name"],
+                "arguments": fn["arguments"], "status": status}
+        ns = (namespaces or {}).get(fn["name"])
+        if ns is not None:
+            item["namespace"] = ns
+        out.append(item)
     return out
 
 
@@ -404,7 +471,7 @@ def response_body(chat_body: Mapping[str, Any], call: ResponsesCall, created: fl
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "instructions": req.instructions,
         "model": chat_body["model"],
-        "output": _output(chat_body["id"], message, logprobs, status),
+        "output": _output(chat_body["id"], message, logprobs, status, call.namespaces),
         "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
         "previous_response_id": req.previous_response_id,
         "temperature": call.chat.sampling.temperature,
