@@ -1,7 +1,7 @@
 """`developer` messages (Codex sends its instructions as two developer input items and no
 `instructions`) reach every family's real template: a template that does not render the role
 itself gets them as system messages (`preprocess.renders_developer`), so none is dropped or
-refused. The leading run of system/developer messages is one turn (`canonical.merge_leading_system`, as the
+refused. The leading run of system/developer messages is one turn (`leading.merge_leading_system`, as the
 Responses edge applies it)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from families import FAMILIES, family_model_dir, require_families  # noqa: E402
 
 from rowgrove.gateway.core.render import Renderer  # noqa: E402
-from rowgrove.gateway.dialects.canonical import merge_leading_system  # noqa: E402
+from rowgrove.gateway.dialects.leading import merge_leading_system  # noqa: E402
 
 CODEX = [
     {"role": "developer", "content": [{"type": "input_text", "text": "DEV-ONE sandbox and approvals"}]},

@@ -18,6 +18,7 @@ parent's exact tokens, asks the engine, and records the call in the ledger.
       responses_api.py  the OpenAI Responses API, translated to and from the chat conversation
       anthropic_api.py  the Anthropic Messages API, likewise, and Anthropic's error shape
       canonical.py      the seam that names the dialects (a finish body's `format`)
+      leading.py        a leading run of system / developer messages as one turn
       validation.py     what the dialects' pydantic request models share
     core/             the decision and rendering core, which imports no dialect:
       decide.py         chain hashes, parent lookup, root or continuation (pure, per rollout)

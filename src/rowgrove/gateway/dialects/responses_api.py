@@ -38,7 +38,7 @@ from pydantic import Discriminator, Field, Tag, TypeAdapter, with_config
 from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.errors import BadRequest, RowgroveError
-from rowgrove.gateway.dialects.canonical import merge_leading_system
+from rowgrove.gateway.dialects.leading import merge_leading_system
 from rowgrove.gateway.dialects.openai_format import ChatRequest, parse_chat_request
 from rowgrove.gateway.dialects.validation import (
     STRICT_DICT,
