@@ -38,8 +38,16 @@ if TYPE_CHECKING:
     import torch
 
 
+# the harness policy scores its replies on the prompt's last tokens only: a coding-agent CLI's prompt
+# is 16k-50k tokens on the tiny vocabulary, and a full teacher-forced pass over 47k tokens takes
+# 12-16 s on one CPU thread (attention is quadratic), which put Claude Code's default-tools runs past
+# their timeout; over the last 4,096 tokens it takes well under a second
+HARNESS_SCORE_WINDOW = 4096
+
+
 class ScriptedEngine:
-    """Engine whose replies are scripted; logprobs are the model's teacher-forced ones.
+    """Engine whose replies are scripted; logprobs are the model's teacher-forced ones (with the
+    harness policy: teacher-forced on the prompt's last HARNESS_SCORE_WINDOW tokens).
 
     `threads`: if set, `torch.set_num_threads(threads)` is called once in each worker thread (note:
     torch's intra-op pool is process-wide, so this affects the whole process). `workers`: forward
@@ -103,6 +111,8 @@ class ScriptedEngine:
             from rowgrove.engines.harness_policy import reply
 
             hints = {**(hints or {}), "script": reply(self.tokenizer.decode(list(prompt_ids)))}
+        if self.policy == "harness":
+            prompt = prompt[-HARNESS_SCORE_WINDOW:]
         ids, finish = self.script_ids(sampling, hints)
         images = (hints or {}).get("images") or ()
         if images and self.vision is None:
