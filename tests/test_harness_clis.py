@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import socket
 import subprocess
 import sys
@@ -76,4 +78,91 @@ def test_run_n2_two_finished_rollouts_rewarded(gateway, tmp_path, monkeypatch, a
     assert [r.valid for r in results] == [True, True], [r.reason for r in results]
     assert [r.reward for r in results] == [1.0, 1.0]
     assert all(r.calls >= 2 and r.rows >= 1 for r in results)
+    _no_errors(log)
+
+
+def _ledger_tokens(db: Path, rid: str) -> dict[str, tuple[list[int], list[int]]]:
+    """Each call's (prompt ids as the ledger holds them: full for a root, the new part for a
+    continuation; sampled ids) straight from the SQLite ledger."""
+    import numpy as np
+
+    with sqlite3.connect(db) as con:
+        got = con.execute("SELECT id, prompt_ids, sampled_ids FROM calls WHERE rollout_id = ?", (rid,)).fetchall()
+    return {cid: (np.frombuffer(p, dtype=np.int32).tolist(), np.frombuffer(s or b"", dtype=np.int32).tolist())
+            for cid, p, s in got}
+
+
+def _assert_rows_exact(url: str, db: Path, rid: str, key: str) -> dict:
+    """Every row's tokens are exactly the engine's: its input_ids are its calls' ledger prompt and
+    sampled ids in order, and its loss-masked tokens are exactly the sampled ids."""
+    auth = {"authorization": f"Bearer {key}"}
+    rows = httpx.get(f"{url}/v1/rollouts/{rid}/rows", headers=auth, timeout=30).json()["rows"]
+    calls = _ledger_tokens(db, rid)
+    assert rows
+    for row in rows:
+        want, sampled = [], []
+        for cid in row["call_ids"]:
+            p, s = calls[cid]
+            want += p + s
+            sampled += s
+        assert row["input_ids"] == want
+        assert [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m] == sampled
+    return httpx.get(f"{url}/v1/rollouts/{rid}", headers=auth, timeout=30).json()
+
+
+def _start(url: str, name: str, tmp_path: Path) -> tuple[str, str, list[str], dict[str, str], Path]:
+    """A rollout and the (argv, env) that point `name` at it, in a fresh workdir and config home."""
+    from rowgrove.integrations.harnesses import prepare
+
+    got = httpx.post(f"{url}/v1/rollouts", json={"group_id": f"c-{name}"}, timeout=30).json()
+    rid, key = got["rollout_id"], got["api_key"]
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    env = {**os.environ, **_path_with(name)}
+    base = got["base_url"]
+    argv, env = prepare([name], env, base_url=url + base if base.startswith("/") else base, api_key=key, home=home, workdir=work)
+    return rid, key, argv, env, work
+
+
+def _finish(url: str, rid: str, key: str) -> None:
+    httpx.post(f"{url}/v1/rollouts/{rid}/finish", json={"conversations": [], "reward": 1.0},
+               headers={"authorization": f"Bearer {key}"}, timeout=30).raise_for_status()
+
+
+def test_codex_inline_compaction_starts_a_new_root_with_exact_rows(gateway, tmp_path):
+    url, log = gateway
+    rid, key, argv, env, work = _start(url, "codex", tmp_path)
+    # any limit below the first prompt (~23k tokens): Codex compacts once after its first call (the
+    # "CONTEXT CHECKPOINT COMPACTION" request, tools: []) and goes on in the compacted context
+    p = subprocess.run([*argv, "exec", "--skip-git-repo-check", "-c", "model_auto_compact_token_limit=5000",
+                        "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"],
+                       cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert p.returncode == 0, p.stderr[-500:]
+    assert (work / "answer.txt").read_text().strip() == "done"
+    _finish(url, rid, key)
+    lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
+    assert sum(c["root"] for c in lin["calls"]) >= 2, lin["calls"]
+    _no_errors(log)
+
+
+def test_claude_resume_compact_starts_a_new_root_with_exact_rows(gateway, tmp_path):
+    url, log = gateway
+    rid, key, argv, env, work = _start(url, "claude", tmp_path)
+    def claude(*args: str) -> str:
+        p = subprocess.run([*argv, "-p", "--allowedTools=Bash", "--output-format", "stream-json", "--verbose", *args],
+                           cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+        assert p.returncode == 0, p.stderr[-500:]
+        return next(json.loads(ln)["session_id"] for ln in p.stdout.splitlines()
+                    if ln.startswith("{") and "session_id" in ln)
+
+    session = claude("write answer.txt with the word done")
+    # /compact's summary request extends the history (a continuation); the next turn runs in the
+    # compacted context: a new root
+    session = claude("--resume", session, "/compact")
+    before = len(httpx.get(f"{url}/v1/rollouts/{rid}", headers={"authorization": f"Bearer {key}"}).json()["calls"])
+    claude("--resume", session, "write answer.txt with the word done again")
+    _finish(url, rid, key)
+    lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
+    assert len(lin["calls"]) > before and sum(c["root"] for c in lin["calls"]) >= 2, lin["calls"]
     _no_errors(log)

@@ -26,6 +26,8 @@ TOOL_TURNS = 1
 SHELL_TOOLS = ("exec_command", "shell", "Bash", "run_shell_command", "bash")
 SUBAGENT_TOOLS = ("Agent", "Task", "spawn_agent")
 COMMAND = "echo done > answer.txt && cat answer.txt"
+SUMMARY = ("Summary: the task was to write answer.txt; the shell command `echo done > answer.txt` ran "
+           "and the file holds `done`. Nothing else is left to do.")
 MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 _TOOL_NAME = re.compile(r'"name"\s*:\s*"([A-Za-z0-9_.\-]+)"')
@@ -93,9 +95,10 @@ def reply(prompt: str) -> str:
     task = low.split("</system-reminder>")[-1]  # Claude Code's reminders are not the request
     if ("context checkpoint compaction" in task or "/compact" in task
             or "summar" in task and ("conversation" in task or "compact" in task)):
-        return ("Summary: the task was to write answer.txt; the shell command `echo done > answer.txt` ran "
-                "and the file holds `done`. Nothing else is left to do.")
+        return SUMMARY
     tools = _tools(prompt)
+    if SUMMARY in prompt:  # a compacted context: the work is done, answer (a new tool call would grow it again)
+        return "Done: answer.txt holds `done`."
     results = after.count("<tool_response>")
     if not tools:  # mini-swe-agent: a fenced bash block, then its submit command
         if "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in prompt:
