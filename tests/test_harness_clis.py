@@ -67,7 +67,9 @@ def test_run_marks_a_timeout_invalid_never_reward_zero(gateway, tmp_path):
     ["codex", "exec", "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"],
     # default tools (Agent, TodoWrite, ...); only Bash is allowed without a prompt
     ["claude", "-p", "--allowedTools=Bash", "write answer.txt with the word done"],
-], ids=["codex", "claude"])
+    # mini-swe-agent 2.x: its bash tool, then its submit command
+    ["mini", "-y", "--exit-immediately", "-t", "write answer.txt with the word done"],
+], ids=["codex", "claude", "mini"])
 def test_run_n2_two_finished_rollouts_rewarded(gateway, tmp_path, monkeypatch, argv):
     url, log = gateway
     for k, v in _path_with(argv[0]).items():

@@ -5,8 +5,8 @@
 - a title request (opencode's, Claude Code's) -> a short title;
 - a compaction / summary request (Codex's "CONTEXT CHECKPOINT COMPACTION", Claude Code's /compact,
   Qwen Code's compression prompt, opencode's compaction) -> a plain summary;
-- mini-swe-agent's prompt (no tools; it reads a fenced bash block) -> a ```bash block, then its
-  submit command;
+- mini-swe-agent's prompt: with its `bash` tool (2.x) the shell call, then a call of its submit
+  command; without tools (text mode) a ```bash block, then its submit command;
 - otherwise, while fewer than `TOOL_TURNS` tool results follow the last user turn: a hermes
   `<tool_call>` (the Qwen3-style tiny model's native format) to the harness's own shell tool, found
   among the rendered `<tools>`; with a sub-agent tool (Claude Code's `Agent`, Codex's `spawn_agent`)
@@ -116,4 +116,8 @@ def reply(prompt: str) -> str:
         shell = next((t for t in tools if t in SHELL_TOOLS), None)
         if shell:
             return tool_call(shell, _args(shell, COMMAND))
+    shell = next((t for t in tools if t in SHELL_TOOLS), None)
+    if shell and "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in prompt and MINI_SUBMIT not in after:
+        # mini-swe-agent 2.x: it works through its bash tool and ends only on its submit command
+        return tool_call(shell, _args(shell, MINI_SUBMIT))
     return "Done: answer.txt holds `done`."

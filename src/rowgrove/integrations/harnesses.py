@@ -10,6 +10,8 @@ filled in by the caller).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,9 +85,17 @@ def mini(argv: list[str], env: dict[str, str], base_url: str, api_key: str, home
     """mini-swe-agent: LiteLLM model `openai/<name>` with the rollout as api_base, a fresh config folder."""
     env.update(MSWEA_GLOBAL_CONFIG_DIR=str(home / "mini"), MSWEA_CONFIGURED="true",
                OPENAI_API_BASE=base_url, OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key,
-               MSWEA_MODEL_NAME=f"openai/{MODEL}", MSWEA_COST_TRACKING="ignore_errors")
+               MSWEA_MODEL_NAME=f"openai/{MODEL}", MSWEA_COST_TRACKING="ignore_errors",
+               LITELLM_LOCAL_MODEL_COST_MAP="True")  # else LiteLLM fetches its cost map (8 s of retries offline)
     if "-m" not in argv and "--model" not in argv:
         argv = [*argv, "--model", f"openai/{MODEL}"]
+    if "-o" not in argv and "--output" not in argv:  # its trajectory, else under ~/.config
+        argv = [*argv, "--output", str(home / "mini" / "trajectory.json")]
+    # a `pip install --target DIR` copy (scripts/fetch_harnesses.py): its package sits beside bin/
+    found = shutil.which(argv[0], path=env.get("PATH"))
+    target = Path(found).resolve().parent.parent if found else None
+    if target is not None and (target / "minisweagent").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
     return argv, env
 
 
