@@ -62,23 +62,26 @@ def test_run_marks_a_timeout_invalid_never_reward_zero(gateway, tmp_path):
     assert not res.valid and res.reward is None and "timeout" in res.reason
 
 
-@pytest.mark.parametrize("argv", [
+@pytest.mark.parametrize("n,argv", [
     # default tools and settings (the sandbox is bypassed: this container has none to offer)
-    ["codex", "exec", "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"],
+    (2, ["codex", "exec", "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"]),
     # default tools (Agent, TodoWrite, ...); only Bash is allowed without a prompt
-    ["claude", "-p", "--allowedTools=Bash", "write answer.txt with the word done"],
+    (2, ["claude", "-p", "--allowedTools=Bash", "write answer.txt with the word done"]),
     # mini-swe-agent 2.x: its bash tool, then its submit command
-    ["mini", "-y", "--exit-immediately", "-t", "write answer.txt with the word done"],
-], ids=["codex", "claude", "mini"])
-def test_run_n2_two_finished_rollouts_rewarded(gateway, tmp_path, monkeypatch, argv):
+    (1, ["mini", "-y", "--exit-immediately", "-t", "write answer.txt with the word done"]),
+    (1, ["qwen", "--yolo", "-p", "write answer.txt with the word done"]),
+    (1, ["opencode", "run", "write answer.txt with the word done"]),
+], ids=["codex", "claude", "mini", "qwen", "opencode"])
+def test_run_finished_rollouts_rewarded(gateway, tmp_path, monkeypatch, n, argv):
+    """n=2 for Codex and Claude Code (a group); one rollout each for the slower-starting others."""
     url, log = gateway
     for k, v in _path_with(argv[0]).items():
         monkeypatch.setenv(k, v)
     (tmp_path / "README").write_text("task\n")
-    results = run_group(url, f"g-{argv[0]}", argv, n=2, workdir=tmp_path, timeout=40,
+    results = run_group(url, f"g-{argv[0]}", argv, n=n, workdir=tmp_path, timeout=40,
                         reward_cmd="grep -q done answer.txt")
-    assert [r.valid for r in results] == [True, True], [r.reason for r in results]
-    assert [r.reward for r in results] == [1.0, 1.0]
+    assert [r.valid for r in results] == [True] * n, [r.reason for r in results]
+    assert [r.reward for r in results] == [1.0] * n
     assert all(r.calls >= 2 and r.rows >= 1 for r in results)
     _no_errors(log)
 
@@ -138,7 +141,7 @@ def test_codex_inline_compaction_starts_a_new_root_with_exact_rows(gateway, tmp_
     # any limit below the first prompt (~23k tokens): Codex compacts once after its first call (the
     # "CONTEXT CHECKPOINT COMPACTION" request, tools: []) and goes on in the compacted context
     p = subprocess.run([*argv, "exec", "--skip-git-repo-check", "-c", "model_auto_compact_token_limit=5000",
-                        "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"],
+                        "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"]),
                        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
     assert p.returncode == 0, p.stderr[-500:]
     assert (work / "answer.txt").read_text().strip() == "done"

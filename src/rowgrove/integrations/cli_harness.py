@@ -121,6 +121,7 @@ def run_one(gw: Gateway, group: str, argv: Sequence[str], *, workdir: Path | Non
         home = tmp / "home"
         home.mkdir()
         proc_env = {**os.environ, **{k: substitute(v, base_url, key) for k, v in (env or {}).items()}}
+        proc_env["PWD"] = str(work)  # opencode takes its project folder from $PWD, not from its cwd
         args = [substitute(a, base_url, key) for a in argv]
         args, proc_env = prepare(args, proc_env, base_url=base_url, api_key=key, home=home, workdir=work)
         try:
