@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "rows": "turn every finished rollout of a ledger into training rows (Parquet or JSONL)",
     "ls": "list a ledger's rollouts: id, group, status, reward, calls, roots, rows, mask reason",
     "show": "draw a rollout's call lineage: trees, continuations, rejected and accepted leaves, rows",
+    "run": "drive a CLI coding agent (codex, claude, qwen, opencode, mini, any) through a gateway, N rollouts",
     "train": "run the reference GRPO trainer",
     "demo": "the main job on embedded defaults: build the tiny model, train, report",
     "bench": "run the benchmarks in bench/ and write their figures",

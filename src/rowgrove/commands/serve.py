@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="scripted", choices=("hf", "scripted", "vllm", "sglang"),
                    help="hf: local transformers generation; scripted: deterministic replies (tests, demos); "
                         "vllm, sglang: a running server at --engine-url that serves --model")
+    p.add_argument("--script", choices=("harness",),
+                   help="scripted engine only: harness picks each reply from the prompt (a call to the harness's "
+                        "shell tool, a final answer, a summary when asked to compact), to drive real coding agents")
     p.add_argument("--engine-url", action="append", default=[], metavar="URL",
                    help="address of the vllm/sglang server (repeat it, or comma-separate, for several: a "
                         "rollout's calls stay on one server)")
@@ -111,7 +114,10 @@ def run(args: argparse.Namespace) -> int:
             engine = make_engine(args.engine, args.model, url=args.engine_url, timeout=args.engine_timeout,
                                  api_key=args.engine_api_key, served_model=args.served_model_name)
         else:
-            engine = make_engine(args.engine, args.model, device=args.device)
+            extra = {"policy": args.script} if args.script else {}
+            if args.script and args.engine != "scripted":
+                raise InputError(f"--script is for --engine scripted, not {args.engine}")
+            engine = make_engine(args.engine, args.model, device=args.device, **extra)
         _say_model_format(engine.tokenizer, settings)
         try:
             serve(engine, ledger, host=args.host, port=args.port, settings=settings, log_level=args.log_level)

@@ -45,7 +45,7 @@ def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -
         return _remote_engine(kind, model_spec, device=device, **kw)
     from rowgrove.model.load import load_model
 
-    allowed = {"hf": {"threads", "max_batch"}, "scripted": {"threads", "workers"}}
+    allowed = {"hf": {"threads", "max_batch"}, "scripted": {"threads", "workers", "policy"}}
     if kind not in allowed:
         raise InputError(f"unknown engine {kind!r}: use hf, scripted, vllm or sglang")
     unknown = sorted(set(kw) - allowed[kind] - {"dtype"})

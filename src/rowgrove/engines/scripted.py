@@ -38,15 +38,26 @@ if TYPE_CHECKING:
     import torch
 
 
+# the harness policy scores its replies on the prompt's last tokens only: a coding-agent CLI's prompt
+# is 16k-50k tokens on the tiny vocabulary, and a full teacher-forced pass over 47k tokens takes
+# 12-16 s on one CPU thread (attention is quadratic), which put Claude Code's default-tools runs past
+# their timeout; over the last 4,096 tokens it takes well under a second
+HARNESS_SCORE_WINDOW = 4096
+
+
 class ScriptedEngine:
-    """Engine whose replies are scripted; logprobs are the model's teacher-forced ones.
+    """Engine whose replies are scripted; logprobs are the model's teacher-forced ones (with the
+    harness policy: teacher-forced on the prompt's last HARNESS_SCORE_WINDOW tokens).
 
     `threads`: if set, `torch.set_num_threads(threads)` is called once in each worker thread (note:
     torch's intra-op pool is process-wide, so this affects the whole process). `workers`: forward
     passes that may run at once (>= 1; a pass that outlives its call holds one until it ends).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, threads: int | None = None, workers: int = 4):
+    def __init__(self, model: Any, tokenizer: Any, *, threads: int | None = None, workers: int = 4,
+                 policy: str | None = None):
+        if policy not in (None, "harness"):
+            raise InputError(f"unknown script policy {policy!r}: use harness")
         if workers < 1:
             raise InputError(f"workers must be >= 1, got {workers}")
         self.model = model
@@ -65,6 +76,7 @@ class ScriptedEngine:
         from rowgrove.model.vision import vision_of
 
         self.vision = vision_of(tokenizer)  # a vision model: images in hints["images"] reach its tower
+        self.policy = policy  # "harness": the reply is chosen from the decoded prompt (engines/harness_policy.py)
 
     def script_ids(self, sampling: SamplingParams, hints: Mapping[str, Any] | None) -> tuple[list[int], str]:
         """The token ids the engine will return for these hints and their finish reason."""
@@ -95,6 +107,12 @@ class ScriptedEngine:
         if self._closed:
             raise EngineError("scripted engine is closed: create a new one")
         prompt = check_prompt(prompt_ids, self.vocab_size)
+        if self.policy == "harness" and (hints or {}).get("script") is None:
+            from rowgrove.engines.harness_policy import reply
+
+            hints = {**(hints or {}), "script": reply(self.tokenizer.decode(list(prompt_ids)))}
+        if self.policy == "harness":
+            prompt = prompt[-HARNESS_SCORE_WINDOW:]
         ids, finish = self.script_ids(sampling, hints)
         images = (hints or {}).get("images") or ()
         if images and self.vision is None:

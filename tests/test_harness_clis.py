@@ -1,0 +1,173 @@
+"""`rowgrove run` driving real coding-agent CLIs through a gateway on the scripted harness policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import harnesses
+from rowgrove.integrations.cli_harness import run_group
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.harnesses]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("gw") / "serve.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rowgrove.cli", "serve", "--model", "tiny", "--engine",
+                                 "scripted", "--script", "harness", "--port", str(port), "--ledger",
+                                 str(log.parent / "ledger.db")], stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                httpx.get(f"{url}/v1/models", timeout=1).raise_for_status()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        yield url, log
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _path_with(*names: str) -> dict[str, str]:
+    dirs = [str(harnesses.binary(n).parent) for n in names]
+    return {"PATH": os.pathsep.join([*dirs, os.environ["PATH"]])}
+
+
+def _no_errors(log: Path) -> None:
+    bad = [ln for ln in log.read_text().splitlines() if '" 4' in ln or '" 5' in ln]
+    assert not bad, bad[:3]
+
+
+def test_run_marks_a_timeout_invalid_never_reward_zero(gateway, tmp_path):
+    url, _ = gateway
+    [res] = run_group(url, "timeout", ["sleep", "5"], n=1, timeout=0.5)
+    assert not res.valid and res.reward is None and "timeout" in res.reason
+
+
+@pytest.mark.parametrize("n,argv", [
+    # default tools and settings (the sandbox is bypassed: this container has none to offer)
+    (2, ["codex", "exec", "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"]),
+    # default tools (Agent, TodoWrite, ...); only Bash is allowed without a prompt
+    (2, ["claude", "-p", "--allowedTools=Bash", "write answer.txt with the word done"]),
+    # mini-swe-agent 2.x: its bash tool, then its submit command
+    (1, ["mini", "-y", "--exit-immediately", "-t", "write answer.txt with the word done"]),
+    (1, ["qwen", "--yolo", "-p", "write answer.txt with the word done"]),
+    (1, ["opencode", "run", "write answer.txt with the word done"]),
+], ids=["codex", "claude", "mini", "qwen", "opencode"])
+def test_run_finished_rollouts_rewarded(gateway, tmp_path, monkeypatch, n, argv):
+    """n=2 for Codex and Claude Code (a group); one rollout each for the slower-starting others."""
+    url, log = gateway
+    for k, v in _path_with(argv[0]).items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "README").write_text("task\n")
+    results = run_group(url, f"g-{argv[0]}", argv, n=n, workdir=tmp_path, timeout=40,
+                        reward_cmd="grep -q done answer.txt")
+    assert [r.valid for r in results] == [True] * n, [r.reason for r in results]
+    assert [r.reward for r in results] == [1.0] * n
+    assert all(r.calls >= 2 and r.rows >= 1 for r in results)
+    _no_errors(log)
+
+
+def _ledger_tokens(db: Path, rid: str) -> dict[str, tuple[list[int], list[int]]]:
+    """Each call's (prompt ids as the ledger holds them: full for a root, the new part for a
+    continuation; sampled ids) straight from the SQLite ledger."""
+    import numpy as np
+
+    with sqlite3.connect(db) as con:
+        got = con.execute("SELECT id, prompt_ids, sampled_ids FROM calls WHERE rollout_id = ?", (rid,)).fetchall()
+    return {cid: (np.frombuffer(p, dtype=np.int32).tolist(), np.frombuffer(s or b"", dtype=np.int32).tolist())
+            for cid, p, s in got}
+
+
+def _assert_rows_exact(url: str, db: Path, rid: str, key: str) -> dict:
+    """Every row's tokens are exactly the engine's: its input_ids are its calls' ledger prompt and
+    sampled ids in order, and its loss-masked tokens are exactly the sampled ids."""
+    auth = {"authorization": f"Bearer {key}"}
+    rows = httpx.get(f"{url}/v1/rollouts/{rid}/rows", headers=auth, timeout=30).json()["rows"]
+    calls = _ledger_tokens(db, rid)
+    assert rows
+    for row in rows:
+        want, sampled = [], []
+        for cid in row["call_ids"]:
+            p, s = calls[cid]
+            want += p + s
+            sampled += s
+        assert row["input_ids"] == want
+        assert [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m] == sampled
+    return httpx.get(f"{url}/v1/rollouts/{rid}", headers=auth, timeout=30).json()
+
+
+def _start(url: str, name: str, tmp_path: Path) -> tuple[str, str, list[str], dict[str, str], Path]:
+    """A rollout and the (argv, env) that point `name` at it, in a fresh workdir and config home."""
+    from rowgrove.integrations.harnesses import prepare
+
+    got = httpx.post(f"{url}/v1/rollouts", json={"group_id": f"c-{name}"}, timeout=30).json()
+    rid, key = got["rollout_id"], got["api_key"]
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    env = {**os.environ, **_path_with(name)}
+    base = got["base_url"]
+    argv, env = prepare([name], env, base_url=url + base if base.startswith("/") else base, api_key=key, home=home, workdir=work)
+    return rid, key, argv, env, work
+
+
+def _finish(url: str, rid: str, key: str) -> None:
+    httpx.post(f"{url}/v1/rollouts/{rid}/finish", json={"conversations": [], "reward": 1.0},
+               headers={"authorization": f"Bearer {key}"}, timeout=30).raise_for_status()
+
+
+def test_codex_inline_compaction_starts_a_new_root_with_exact_rows(gateway, tmp_path):
+    url, log = gateway
+    rid, key, argv, env, work = _start(url, "codex", tmp_path)
+    # any limit below the first prompt (~23k tokens): Codex compacts once after its first call (the
+    # "CONTEXT CHECKPOINT COMPACTION" request, tools: []) and goes on in the compacted context
+    p = subprocess.run([*argv, "exec", "--skip-git-repo-check", "-c", "model_auto_compact_token_limit=5000",
+                        "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"]),
+                       cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert p.returncode == 0, p.stderr[-500:]
+    assert (work / "answer.txt").read_text().strip() == "done"
+    _finish(url, rid, key)
+    lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
+    assert sum(c["root"] for c in lin["calls"]) >= 2, lin["calls"]
+    _no_errors(log)
+
+
+def test_claude_resume_compact_starts_a_new_root_with_exact_rows(gateway, tmp_path):
+    url, log = gateway
+    rid, key, argv, env, work = _start(url, "claude", tmp_path)
+    def claude(*args: str) -> str:
+        p = subprocess.run([*argv, "-p", "--allowedTools=Bash", "--output-format", "stream-json", "--verbose", *args],
+                           cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+        assert p.returncode == 0, p.stderr[-500:]
+        return next(json.loads(ln)["session_id"] for ln in p.stdout.splitlines()
+                    if ln.startswith("{") and "session_id" in ln)
+
+    session = claude("write answer.txt with the word done")
+    # /compact's summary request extends the history (a continuation); the next turn runs in the
+    # compacted context: a new root
+    session = claude("--resume", session, "/compact")
+    before = len(httpx.get(f"{url}/v1/rollouts/{rid}", headers={"authorization": f"Bearer {key}"}).json()["calls"])
+    claude("--resume", session, "write answer.txt with the word done again")
+    _finish(url, rid, key)
+    lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
+    assert len(lin["calls"]) > before and sum(c["root"] for c in lin["calls"]) >= 2, lin["calls"]
+    _no_errors(log)
