@@ -47,12 +47,12 @@ CALLS = 12  # calls per conversation
 def qwen3_absent() -> str | None:
     """None when Qwen3's real tokenizer is in the tokenizer folder, else a one-line reason."""
     from families import family
-    from realfiles import has_tokenizer
+    from realfiles import has_tokenizer, tokenizers_dir
 
     tok = family("qwen3").tokenizer
     if tok is not None and has_tokenizer(tok):
         return None
-    return f"Qwen3's tokenizer ({tok}) is not in the tokenizer folder (~/.cache/rowgrove/tokenizers)"
+    return f"Qwen3's tokenizer ({tok}) is not in {tokenizers_dir()} ($ROWGROVE_TOKENIZERS)"
 
 
 def _pct(xs: list[float], q: float) -> float:

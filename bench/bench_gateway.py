@@ -20,6 +20,11 @@ Figures (bench/results/gateway.json):
     conversations per turn index). Goal ratio ≤ 1.2.
  3. ledger tokens stored / unique tokens over 100-turn rollouts, against storing the full prompt
     per call. Goal ≤ 1.05.
+ 4. the deployed path (`deployed_path`): `rowgrove serve --engine vllm` in front of the vLLM
+    stand-in on Qwen3's real vocabulary at c=1 and c=32 (bench_deployed.measure): added latency
+    p50/p95 over the stand-in's own, the gateway's CPU per call and the stand-in's beside it; the
+    null-engine gateway's CPU per call in the same rounds as the floor. Without Qwen3's tokenizer
+    one line says so and only the null engine is measured.
 
     .venv/bin/python bench/bench_gateway.py [--quick]
 
