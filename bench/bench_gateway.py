@@ -20,6 +20,11 @@ Figures (bench/results/gateway.json):
     conversations per turn index). Goal ratio ≤ 1.2.
  3. ledger tokens stored / unique tokens over 100-turn rollouts, against storing the full prompt
     per call. Goal ≤ 1.05.
+ 4. the deployed path (`deployed_path`): `rowgrove serve --engine vllm` in front of the vLLM
+    stand-in on Qwen3's real vocabulary at c=1 and c=32 (bench_deployed.measure): added latency
+    p50/p95 over the stand-in's own, the gateway's CPU per call and the stand-in's beside it; the
+    null-engine gateway's CPU per call in the same rounds as the floor. Without Qwen3's tokenizer
+    one line says so and only the null engine is measured.
 
     .venv/bin/python bench/bench_gateway.py [--quick]
 
@@ -473,6 +478,57 @@ def parse_cost(before_src: str, turns: tuple[int, ...], number: int) -> dict[str
     return out
 
 
+def deployed(quick: bool, tmp: str) -> dict[str, Any]:
+    """The deployed path (bench_deployed.measure): this tree's `rowgrove serve --engine vllm` in
+    front of the vLLM stand-in on Qwen3's real vocabulary at c=1 and c=32, and in the same rounds
+    the null-engine gateway (the floor; this file's conversation, text turns, on the tiny
+    vocabulary) with its CPU per call read the same way (all its threads, /proc schedstat).
+    Without Qwen3's tokenizer: one line saying so, and the null engine only."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_deployed as bdp
+
+    rounds, c1_convs, c32 = (1, 2, 8) if quick else (7, 4, 32)
+    turns = bdp.CALLS
+    null = Server("gateway", f"{tmp}/deployed-null.db")
+    floor: dict[str, list] = {"c1": [], "c32": []}
+
+    def null_round(_r: int) -> None:
+        for c, convs, conc in (("c1", c1_convs, 1), ("c32", c32, c32)):
+            c0 = bdp.bl.cpu_ns(null.proc.pid)
+            res = asyncio.run(drive(null.port, convs, conc, turns))
+            floor[c].append(((bdp.bl.cpu_ns(null.proc.pid) - c0) / 1e6 / res["requests"],
+                             res["requests"] / res["wall_s"], [ms for _, ms in res["srv"]]))
+
+    out: dict[str, Any] = {"rounds": rounds, "calls_per_conversation": turns,
+                           "conversations": {"c1": f"{c1_convs} one after the other", "c32": f"{c32} at once"}}
+    try:
+        asyncio.run(drive(null.port, 4, 4, 2))  # warm-up
+        why = bdp.qwen3_absent()
+        if why is not None:
+            print(f"deployed path not measured: {why}; the null engine only", flush=True)
+            out["deployed_vllm_qwen3"] = None
+            out["deployed_skipped"] = why
+            for r in range(rounds):
+                null_round(r)
+        else:
+            out["deployed_vllm_qwen3"] = bdp.measure({"gateway": None}, tmp, rounds, c1_convs, c32,
+                                                     extra=null_round)["gateway"]
+    finally:
+        null.close()
+    out["null_engine_floor"] = {c: {
+        "gateway_cpu_ms_per_call": round(float(np.median([x[0] for x in floor[c]])), 3),
+        **({"req_per_s": round(float(np.median([x[1] for x in floor[c]])))} if c == "c32" else {}),
+        "server_p50_ms": round(float(np.percentile([m for x in floor[c] for m in x[2]], 50)), 3),
+        "server_p95_ms": round(float(np.percentile([m for x in floor[c] for m in x[2]], 95)), 3),
+    } for c in ("c1", "c32")}
+    d = out["deployed_vllm_qwen3"]
+    if d is not None:
+        for c in ("c1", "c32"):
+            out[f"deployed_over_null_cpu_ratio_{c}"] = round(
+                d[c]["gateway_cpu_ms_per_call"] / out["null_engine_floor"][c]["gateway_cpu_ms_per_call"], 2)
+    return out
+
+
 def _tree_src(flag: str, tree: str) -> str:
     """The `src` folder of the source tree `tree` given to `flag`; SystemExit naming it if none."""
     src = str(Path(tree).resolve() / "src")
@@ -656,6 +712,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "gc_freeze_c64": gc_freeze_effect(64, 64 if q else 128, 4 if q else 16, tmp),
             "call_200_vs_call_1": long_conversation(60 if q else 200, 2 if q else 5, tmp),
             "storage_100_turns": storage(30 if q else 100, 4 if q else 8, tmp),
+            "deployed_path": deployed(q, tmp),
         }
     c64, c1, long_, st = (results[k] for k in ("added_latency_c64", "added_latency_c1", "call_200_vs_call_1",
                                                "storage_100_turns"))
@@ -672,6 +729,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"last 10 / first 10 continuations: {long_['last10_over_first10_continuations']} (goal <= 1.2)")
     print(f"ledger stored / unique tokens: {st['stored_over_unique']} (goal <= 1.05); "
           f"full prompt per call would be {st['full_prompt_over_unique']}x")
+    dp = results["deployed_path"]
+    for c in ("c1", "c32"):
+        fl, d = dp["null_engine_floor"][c], dp["deployed_vllm_qwen3"]
+        line = f"{c}: null engine (floor) CPU {fl['gateway_cpu_ms_per_call']} ms/call"
+        if d is not None:
+            line += (f"; --engine vllm on Qwen3: gateway CPU {d[c]['gateway_cpu_ms_per_call']} ms/call "
+                     f"(stand-in's own {d[c]['standin_cpu_ms_per_call']}), added p50 {d[c]['added_p50_ms']} / "
+                     f"p95 {d[c]['added_p95_ms']} ms over the stand-in's own {d[c]['standin_p50_ms']} ms")
+            if c == "c32":
+                line += f", {d[c]['req_per_s']} req/s"
+        print(line)
     results["quick"] = q
     if not q:  # smoke figures never replace the measured ones
         RESULTS.parent.mkdir(parents=True, exist_ok=True)

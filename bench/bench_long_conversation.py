@@ -26,6 +26,7 @@ with the 1-minute load average. Results: bench/results/long_conversation.json (`
 never written with `--quick`).
 
     .venv/bin/python bench/bench_long_conversation.py [--before TREE] [--calls 200] [--rounds 3] [--quick]
+        [--family qwen3]   (Qwen3's real vocabulary and template; results to --out)
 """
 
 from __future__ import annotations
@@ -180,12 +181,20 @@ class Proc:
         self.proc.wait(timeout=30)
 
 
-def long_model(tmp: Path) -> str:
-    """The tiny ChatML model's folder with a context of CONTEXT tokens."""
+def long_model(tmp: Path, family: str | None = None) -> str:
+    """The tiny ChatML model's folder, or with `family` the tiny model of that family of
+    tests/families.py on its real tokenizer (e.g. qwen3: Qwen3's template and vocabulary), with a
+    context of CONTEXT tokens."""
     from rowgrove.model.load import model_dir
 
     out = tmp / "tiny-long"
-    shutil.copytree(model_dir("tiny"), out)
+    if family is None:
+        shutil.copytree(model_dir("tiny"), out)
+    else:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from families import family_model_dir
+
+        shutil.copytree(family_model_dir(family, vocab="real"), out)
     cfg = json.loads((out / "config.json").read_text())
     cfg["max_position_embeddings"] = CONTEXT
     (out / "config.json").write_text(json.dumps(cfg))
@@ -348,6 +357,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--conversations", type=int, default=3, help="measured conversations per gateway process")
+    ap.add_argument("--family", default=None, help="a family of tests/families.py on its real tokenizer "
+                    "(e.g. qwen3: Qwen3's vocabulary); default the tiny ChatML model")
     ap.add_argument("--quick", action="store_true", help="40 calls, one round (smoke check; nothing written)")
     ap.add_argument("--out", default=None, help=f"results file (default {RESULTS.relative_to(ROOT)})")
     ap.add_argument("--serve-engine", nargs=2, metavar=("PORT", "FOLDER"), help=argparse.SUPPRESS)
@@ -366,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     labels = ("before", "after") if before_src else ("after",)
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
     with tempfile.TemporaryDirectory(prefix="rowgrove-bench-long-") as tmp:
-        folder = long_model(Path(tmp))
+        folder = long_model(Path(tmp), args.family)
         port = _free_port()
         engine = Proc([sys.executable, __file__, "--serve-engine", str(port), folder], port, _env(None),
                       ready="/health")
@@ -389,6 +400,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "calls": args.calls, "rounds": args.rounds,
         "engine": "the vLLM stand-in over an instant engine (one tool call, no model compute)",
+        "model": f"tiny {args.family} on its real tokenizer" if args.family else "tiny ChatML",
         "before_tree": args.before, "quick": args.quick,
         "load_avg_1min_at_end": round(os.getloadavg()[0], 2),
     }

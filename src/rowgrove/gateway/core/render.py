@@ -116,6 +116,7 @@ class Renderer:
         self.fast, self.fast_declined = fast_engine(tokenizer.chat_template, self._special) \
             if vision is None else (None, "a vision model (images are expanded after rendering)")
         self._fast_verified: dict[bytes, bool] = {}
+        self._plain_tools: dict[bytes, bool] = {}  # window.plain(tools) by _options_key (tools as sent)
         self.last_split: Any = None  # the window split of the latest full render (window.Split) or None
         # the roles whose text parts reach the template as a list (`preprocess.detect_part_roles`)
         self.content_format: frozenset[str] = detect_part_roles(tokenizer.chat_template)
@@ -182,6 +183,19 @@ class Renderer:
                     self._plain.pop(id(cache.popitem(last=False)[1]), None)
             out.append(hit)
         return out
+
+    def _tools_plain(self, key: bytes, tools: Any) -> bool:
+        """`window.plain(tools)`, remembered by the (tools, options) key the fast path's verdict is
+        kept by (the tools exactly as sent): a rollout sends the same tools every call, and walking
+        their JSON schemas cost about 12 us a call (two tools)."""
+        ok = self._plain_tools.get(key)
+        if ok is None:
+            from rowgrove.gateway.core.window import plain
+
+            if len(self._plain_tools) >= 1024:
+                self._plain_tools.clear()
+            ok = self._plain_tools[key] = plain(tools)
+        return ok
 
     def _all_plain(self, prepared: Sequence[Mapping[str, Any]]) -> bool:
         """`window.plain` of every message, as remembered for the messages `prepare` caches."""
@@ -379,10 +393,10 @@ class Renderer:
         """The whole rendering through the fast engine (setting `last_split`), or None where it
         declines; the first render of each (tools, options, add_generation_prompt) is compared
         with apply_chat_template, and a mismatch turns the fast path off for that key."""
-        from rowgrove.gateway.core.window import plain, split
+        from rowgrove.gateway.core.window import split
 
         key = _options_key(tools, opts) + (b"1" if add_generation_prompt else b"0")
-        if self._fast_verified.get(key) is False or not plain(tools) or not self._all_plain(prepared):
+        if self._fast_verified.get(key) is False or not self._tools_plain(key, tools) or not self._all_plain(prepared):
             return None
         raw = self.fast.render(prepared, tools, opts, add_generation_prompt)
         parts = split(raw) if raw is not None else None
@@ -407,7 +421,7 @@ class Renderer:
         prompt (`offset`: the index of the message the template's loop starts with), or None
         where the fast path declines or has not been verified for these (tools, options) by a
         full render."""
-        from rowgrove.gateway.core.window import plain, split
+        from rowgrove.gateway.core.window import split
 
         if self.fast is None:
             return None
@@ -416,7 +430,7 @@ class Renderer:
         if _RESERVED_OPTIONS.intersection(opts):
             return None
         key = _options_key(tool_list, opts) + b"1"
-        if start < offset or self._fast_verified.get(key) is not True or not plain(tool_list) \
+        if start < offset or self._fast_verified.get(key) is not True or not self._tools_plain(key, tool_list) \
                 or not self._all_plain(prepared[start:]):
             return None
         raw = self.fast.render(prepared, tool_list, opts, True, start - offset)
@@ -434,7 +448,10 @@ class Renderer:
         marker = self._added_text.get(marker_id)
         if marker is None:
             return None
-        ids = self.encode(marker + rest)
+        # tokenized as a prompt is (`encode_prompt`): the pieces between added tokens, and their
+        # lines, that the rollout has seen before are not tokenized again (on Qwen3's vocabulary
+        # a 700-character tool result costs the tokenizer about 0.35 ms, per call)
+        ids = self.encode_prompt(marker + rest)
         if len(ids) < 2 or ids[0] != marker_id:
             return None
         return ids[1:]
