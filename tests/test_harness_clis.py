@@ -141,7 +141,7 @@ def test_codex_inline_compaction_starts_a_new_root_with_exact_rows(gateway, tmp_
     # any limit below the first prompt (~23k tokens): Codex compacts once after its first call (the
     # "CONTEXT CHECKPOINT COMPACTION" request, tools: []) and goes on in the compacted context
     p = subprocess.run([*argv, "exec", "--skip-git-repo-check", "-c", "model_auto_compact_token_limit=5000",
-                        "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"]),
+                        "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"],
                        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
     assert p.returncode == 0, p.stderr[-500:]
     assert (work / "answer.txt").read_text().strip() == "done"
@@ -170,4 +170,22 @@ def test_claude_resume_compact_starts_a_new_root_with_exact_rows(gateway, tmp_pa
     _finish(url, rid, key)
     lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
     assert len(lin["calls"]) > before and sum(c["root"] for c in lin["calls"]) >= 2, lin["calls"]
+    _no_errors(log)
+
+
+@pytest.mark.parametrize("argv", [
+    ["codex", "exec", "--dangerously-bypass-approvals-and-sandbox",
+     "use a sub-agent to write answer.txt with the word done"],            # spawn_agent, then wait_agent
+    ["claude", "-p", "--allowedTools=Bash,Agent", "use a sub-agent to write answer.txt with the word done"],
+], ids=["codex", "claude"])
+def test_sub_agent_calls_are_a_separate_root_of_the_same_rollout(gateway, tmp_path, monkeypatch, argv):
+    url, log = gateway
+    for k, v in _path_with(argv[0]).items():
+        monkeypatch.setenv(k, v)
+    [res] = run_group(url, f"s-{argv[0]}", argv, n=1, workdir=tmp_path, timeout=40,
+                      reward_cmd="grep -q done answer.txt")
+    assert res.valid and res.reward == 1.0, res.reason
+    # the parent's chain and the sub-agent's: two roots in the one rollout. With no record at the
+    # finish only the terminal chain becomes rows (the sub-agent's calls are in the ledger, untrained)
+    assert res.roots >= 2 and res.calls >= 4, (res.calls, res.roots)
     _no_errors(log)
