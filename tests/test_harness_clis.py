@@ -30,7 +30,7 @@ def gateway(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "rowgrove.cli", "serve", "--model", "tiny", "--engine",
-                                 "scripted", "--script", "harness", "--port", str(port), "--ledger",
+                                 "scripted", "--script", "harness", "--port", str(port), "--log-level", "debug", "--ledger",
                                  str(log.parent / "ledger.db")], stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -52,7 +52,9 @@ def _path_with(*names: str) -> dict[str, str]:
 
 
 def _no_errors(log: Path) -> None:
-    bad = [ln for ln in log.read_text().splitlines() if '" 4' in ln or '" 5' in ln]
+    lines = log.read_text().splitlines()  # the access log (serve --log-level debug)
+    assert any('" 200' in ln for ln in lines), "no access log lines"
+    bad = [ln for ln in lines if '" 4' in ln or '" 5' in ln]
     assert not bad, bad[:3]
 
 
