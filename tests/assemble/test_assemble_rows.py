@@ -80,14 +80,16 @@ def test_failed_call_on_a_chain_is_named(ledger):
     assert rr.invalid_reason and "c1 (aborted: server restarted)" in rr.invalid_reason
 
 
-def test_no_messages_falls_back_to_terminal_chain(ledger):
+def test_no_messages_falls_back_to_each_roots_terminal_chain(ledger):
+    # two roots (a sub-agent's conversation is a root of its own): each tree's last completed call
+    # is walked up; c3, the sibling c4 replaced, is not
     steps = [("c1", None, [1], [101], "a"), ("c2", None, [2], [102], "b"), ("c3", "c2", [3], [103], "c"),
              ("c4", "c2", [4], [104], "d")]
     rr = rollout_rows(ledger, write_rollout(ledger, "g", steps, None, 1.0))
     assert rr.invalid_reason is None
-    assert rr.chains == [["c2", "c4"]]
+    assert rr.chains == [["c1"], ["c2", "c4"]]
     assert rr.metrics["source"] == "terminal_chain" and "terminal chain" in rr.metrics["note"]
-    assert rr.metrics["delivered_fraction"] == pytest.approx(2 / 4)
+    assert rr.metrics["delivered_fraction"] == pytest.approx(3 / 4)
 
 
 def test_identical_texts_follow_lineage_and_order(ledger):

@@ -64,6 +64,7 @@ def test_bad_responses_requests_get_openai_errors_and_change_nothing(gw, ro, kwa
     err = info.value.response.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
     assert err["param"] == param and err["message"]
+    assert "; or" not in err["message"] and "; " not in err["message"]  # one field, one sentence
     assert dump_ledger(gw.ledger_path) == before
 
 
@@ -99,7 +100,37 @@ def test_bad_messages_requests_get_anthropic_errors_and_change_nothing(gw, ro, k
     assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
     assert body["error"]["type"] == "invalid_request_error"
     assert param in body["error"]["message"]
+    assert "; or" not in body["error"]["message"] and "; " not in body["error"]["message"]
     assert dump_ledger(gw.ledger_path) == before
+
+
+ONE_FIELD = [  # (a bad body, the one sentence said): a union's branch the value meant, not every branch
+    (dict(input=5), "'input': Input should be a valid string or a valid list (got 5)"),
+    (dict(input=[{"role": "user", "content": 5}]),
+     "'input[0].message.content': Input should be a valid string or a valid list (got 5)"),
+    (dict(input="hi", tool_choice={"type": "function"}), "'tool_choice.name': Field required"),
+    (dict(input="hi", tool_choice="sometimes"),
+     "'tool_choice': Input should be 'none', 'auto' or 'required' (got 'sometimes')"),
+    (dict(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]),
+     "'input[0].function_call.call_id': Field required"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), ONE_FIELD)
+def test_a_refusal_names_the_one_field_the_value_meant(gw, ro, kwargs, message):
+    with pytest.raises(openai.BadRequestError) as info:
+        _openai(ro).responses.create(model="m", **kwargs)
+    assert info.value.response.json()["error"]["message"] == message
+
+
+def test_a_messages_refusal_names_the_one_field(gw, ro):
+    with pytest.raises(anthropic.BadRequestError) as info:
+        _anthropic(ro).messages.create(model="m", max_tokens=8, messages=USER, system=3)
+    assert info.value.response.json()["error"]["message"] == "'system': Input should be a valid string or a valid list (got 3)"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        _anthropic(ro).messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": 3}])
+    assert info.value.response.json()["error"]["message"] == (
+        "'messages[0].content': Input should be a valid string or a valid list (got 3)")
 
 
 def test_messages_route_errors_of_every_kind_are_anthropic_shaped(gw, ro):

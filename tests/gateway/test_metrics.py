@@ -166,6 +166,9 @@ def test_the_loop_metrics_expose_what_prometheus_clients_own_would(engine, gatew
     ours = GatewayMetrics(in_flight=lambda: 2, open_uploads=lambda: 0, queue_capacity=8, rollouts=lambda s: 1)
     ref = CollectorRegistry(auto_describe=True)
     calls = Counter("rowgrove_calls", "Calls by how they ended and their kind", ("status", "kind"), registry=ref)
+    hosted = Counter("rowgrove_hosted_tools_dropped",
+                     "Hosted tools left out of a call's prompt (the provider runs them), by type", ("type",),
+                     registry=ref)
     eng = Histogram("rowgrove_engine_latency_seconds", "Time in the engine per call", buckets=_LATENCY_BUCKETS,
                     registry=ref)
     gw = Histogram("rowgrove_gateway_latency_seconds", "Chat completion time in the gateway, request to committed "
@@ -195,4 +198,7 @@ def test_the_loop_metrics_expose_what_prometheus_clients_own_would(engine, gatew
         progress.inc()
     ours.rejected.labels(status="400").inc()
     rejected.labels(status="400").inc()
+    for kind in ("web_search", "web_search", "file_search"):
+        ours.hosted_dropped.inc(kind)
+        hosted.labels(type=kind).inc()
     assert _masked(ours.render()) == _masked(generate_latest(ref))

@@ -191,7 +191,7 @@ def test_an_undelivered_call_is_never_a_parent_and_never_trained(app_env):
     ledger.finish_rollout(ro.id, {"conversations": []}, 1.0)
     gw.sessions[ro.id].finished = True
     built = rollout_rows(ledger, ro.id)
-    assert built.chains == [[c4.id]]
+    assert built.chains == [[c1.id, c3.id], [c4.id]]  # each root's terminal chain: c1's tree ends at c3
     assert all(c2.id not in r.call_ids for r in built.rows)
     assert built.invalid_reason is None
 

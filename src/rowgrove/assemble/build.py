@@ -38,8 +38,8 @@ What a finish trains is decided by its record, the harness's word (`record_shape
   rollout is invalid (`nothing_to_train`). The gateway cannot tell a reply that went into the
   socket's buffers from one the client read; the record can, so it is believed.
 - `none`: no record at all (`record=None`, `{}`, or `{"conversations": []}`): the rows come from
-  the terminal chain (walk up from the last completed call; non-completed calls are never
-  trained) and `metrics["note"]` says that only part of the rollout may be delivered.
+  the terminal chain of each root's tree (walk up from the tree's last completed call; a
+  sub-agent's conversation is a root of its own; non-completed calls are never trained) and `metrics["note"]` says that only part of the rollout may be delivered.
 """
 
 from __future__ import annotations
@@ -196,16 +196,27 @@ def build_rows(rollout: Rollout, calls: list[Call]) -> RolloutRows:
             )
     else:
         source = "terminal_chain"
-        last = next((c for c in reversed(calls) if c.status == "completed"), None)
+        # each root's tree gives its terminal chain (walk up from its last completed call): a
+        # sub-agent's conversation (Claude Code's Agent tool, Codex's spawn_agent) is a root of its
+        # own, and trains beside the main conversation under the rollout's one reward
+        lasts: dict[str, Call] = {}
+        root_of: dict[str, str] = {}  # call id -> its tree's root; a parent comes before its children
+        for c in calls:
+            root = root_of[c.id] = root_of.get(c.parent_id, c.id) if c.parent_id is not None else c.id
+            if c.status == "completed":
+                lasts[root] = c
         accepted = set()
-        cid = last.id if last is not None else None
-        while cid is not None and cid in by_id:
-            accepted.add(cid)
-            cid = by_id[cid].parent_id
+        for last in lasts.values():
+            cid: str | None = last.id
+            while cid is not None and cid in by_id:
+                accepted.add(cid)
+                cid = by_id[cid].parent_id
+        tails = sorted(lasts.values(), key=lambda c: c.ordinal)
         note = (
-            "the finish carried no record: rows come from the terminal chain only "
-            f"(walk up from {last.id}), so only part of the rollout may be delivered"
-            if last is not None else "the finish carried no record and no call completed"
+            "the finish carried no record: rows come from the terminal chain of each root only "
+            f"(walk up from {', '.join(c.id for c in tails[:5])}{' …' if len(tails) > 5 else ''}), "
+            "so only part of the rollout may be delivered"
+            if tails else "the finish carried no record and no call completed"
         )
     if not rollout.valid:
         fail("harness_invalid", "the harness finished the rollout with valid=false")

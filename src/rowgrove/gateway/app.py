@@ -6,6 +6,7 @@ control routes that create, finish and inspect rollouts.
     POST /rollouts/{rollout_id}/v1/chat/completions     OpenAI Chat Completions (stream or not)
     POST /rollouts/{rollout_id}/v1/responses            OpenAI Responses API (gateway.dialects.responses_api)
     POST /rollouts/{rollout_id}/v1/messages             Anthropic Messages API (gateway.dialects.anthropic_api)
+    POST /rollouts/{rollout_id}/v1/messages/count_tokens  {"input_tokens"} of the prompt that body renders
     GET  /rollouts/{rollout_id}/v1/models               the served model (client.models.list())
     POST /v1/rollouts/{rollout_id}/finish               accepted conversation(s) + reward
     GET  /v1/rollouts/{rollout_id}                      lineage
@@ -13,7 +14,9 @@ control routes that create, finish and inspect rollouts.
     GET  /v1/weights                                    the engine's weight version
     POST /v1/weights                                    load a checkpoint folder, or announce a version
     GET  /v1/models                                     the served model
-    POST /v1/chat/completions                           404 saying to create a rollout first
+    POST /v1/chat/completions, /v1/responses, /v1/messages, /v1/messages/count_tokens
+                                                        the same, for the rollout whose api_key the call sends
+                                                        (Bearer or x-api-key); 401 for a key no rollout has
     GET  /metrics                                       Prometheus metrics (rowgrove.gateway.metrics)
     GET  /health
 
@@ -46,7 +49,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from rowgrove.engines.base import Engine
-from rowgrove.errors import BadRequest, NotFound
+from rowgrove.errors import BadRequest
 from rowgrove.gateway import control
 from rowgrove.gateway.dialects import anthropic_api, responses_api
 from rowgrove.gateway.dialects.canonical import canonical_finish
@@ -258,10 +261,16 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         gw.authorize_call(s, _bearer(request))
         return json_response(models_body())
 
-    async def chat_without_rollout(request: Request) -> Response:
-        raise NotFound("chat completions are served per rollout: create one with POST /v1/rollouts and point "
-                       "the client at the base_url it returns (http://HOST:PORT/rollouts/{rollout_id}/v1), "
-                       "with its api_key")
+    def call_session(request: Request) -> RolloutSession:
+        """The rollout a call is for: the one in its path, which the key must be the key of, or
+        at the plain base URL (`/v1/...`) the one whose key it sends (Bearer or x-api-key)."""
+        key = request.headers.get("x-api-key") or _bearer(request)
+        rid = request.path_params.get("rollout_id")
+        if rid is None:
+            return gw.session_by_key(key)
+        s = gw.session(rid)
+        gw.authorize_call(s, key)
+        return s
 
     async def metrics_route(request: Request) -> Response:
         gw.authorize_control(_bearer(request), client(request))
@@ -325,8 +334,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
 
     async def chat_completions(request: Request) -> Response:
         t0 = time.perf_counter()
-        s = gw.session(request.path_params["rollout_id"])
-        gw.authorize_call(s, _bearer(request))
+        s = call_session(request)
         raw, body = await _read_body(request, gw)
         req = parse_chat_request(body, default_max_tokens=gw.settings.default_max_tokens)
 
@@ -339,8 +347,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
 
     async def responses(request: Request) -> Response:
         t0 = time.perf_counter()
-        s = gw.session(request.path_params["rollout_id"])
-        gw.authorize_call(s, _bearer(request))
+        s = call_session(request)
         raw, body = await _read_body(request, gw)
         call = responses_api.parse_responses_request(
             body, default_max_tokens=gw.settings.default_max_tokens, memo=s.checked,
@@ -360,8 +367,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
 
     async def messages(request: Request) -> Response:
         t0 = time.perf_counter()
-        s = gw.session(request.path_params["rollout_id"])
-        gw.authorize_call(s, request.headers.get("x-api-key") or _bearer(request))
+        s = call_session(request)
         raw, body = await _read_body(request, gw)
         req, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens,
                                                          refuse_hosted=gw.settings.hosted_tools == "refuse",
@@ -374,6 +380,18 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
             return [orjson.dumps(out)], False
 
         return await served(request, s, chat, raw, answer, t0)
+
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's `messages.count_tokens`: `{"input_tokens": N}`, N the exact length of the
+        prompt a `messages.create` of this body would give the engine now (`Gateway.prompt_tokens`);
+        nothing is generated or written. The body has no max_tokens: counting needs none."""
+        s = call_session(request)
+        body = await _read_json(request, gw)
+        if isinstance(body, dict):
+            body = {**body, "max_tokens": 1, "stream": False}
+        _, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens,
+                                                       refuse_hosted=gw.settings.hosted_tools == "refuse")
+        return json_response({"input_tokens": gw.prompt_tokens(s, chat)})
 
     async def weights(request: Request) -> Response:
         gw.authorize_control(_bearer(request), client(request))
@@ -388,7 +406,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
         detail = exc.detail if isinstance(exc, HTTPException) else str(exc)
         metrics.rejected.labels(status=str(status)).inc()
         type_ = "not_found_error" if status == 404 else "invalid_request_error"
-        if request.url.path.endswith("/v1/messages"):  # the Anthropic route answers in Anthropic's shape
+        if request.url.path.endswith(("/v1/messages", "/v1/messages/count_tokens")):  # Anthropic's routes: its shape
             return json_response(anthropic_api.error_body(status, f"{request.method} {request.url.path}: {detail}"),
                                  status)
         return json_response(error_body(f"{request.method} {request.url.path}: {detail}",
@@ -433,11 +451,16 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
             Route("/v1", guard(base_url), methods=["GET", "HEAD"]),
             Route("/rollouts/{rollout_id}", guard(base_url), methods=["GET", "HEAD"]),
             Route("/rollouts/{rollout_id}/v1", guard(base_url), methods=["GET", "HEAD"]),
-            Route("/v1/chat/completions", guard(chat_without_rollout), methods=["POST"]),
+            Route("/v1/chat/completions", guard(chat_completions), methods=["POST"]),
+            Route("/v1/responses", guard(responses), methods=["POST"]),
+            Route("/v1/messages", guard(messages, anthropic=True), methods=["POST"]),
+            Route("/v1/messages/count_tokens", guard(count_tokens, anthropic=True), methods=["POST"]),
             Route("/v1/rollouts", guard(create_rollout), methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/chat/completions", guard(chat_completions), methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/responses", guard(responses), methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/messages", guard(messages, anthropic=True), methods=["POST"]),
+            Route("/rollouts/{rollout_id}/v1/messages/count_tokens", guard(count_tokens, anthropic=True),
+                  methods=["POST"]),
             Route("/rollouts/{rollout_id}/v1/models", guard(rollout_models), methods=["GET"]),
             Route("/v1/rollouts/{rollout_id}/finish", guard(finish), methods=["POST"]),
             Route("/v1/rollouts/{rollout_id}", guard(lineage), methods=["GET"]),

@@ -80,10 +80,18 @@ def lineage(gw: Gateway, session: RolloutSession) -> dict[str, Any]:
             {"id": c.id, "ordinal": c.ordinal, "parent_id": c.parent_id, "root": c.root,
              "status": c.status, "prompt_tokens": c.prompt_len,
              "completion_tokens": int(len(c.sampled_ids)), "finish_reason": c.finish_reason,
-             "history_drift": c.history_drift, "weight_version": _version_range(c)}
+             "history_drift": c.history_drift, "weight_version": _version_range(c),
+             **_hosted(c)}
             for c in calls
         ],
     }
+
+def _hosted(c: Any) -> dict[str, Any]:
+    """`{"hosted_tools_dropped": [type, ...]}` for a call whose request named hosted tools the
+    model was not shown (its stored response records them), else nothing."""
+    dropped = (c.response or {}).get("hosted_tools_dropped") if isinstance(c.response, dict) else None
+    return {"hosted_tools_dropped": dropped} if dropped else {}
+
 
 def rows(gw: Gateway, session: RolloutSession) -> dict[str, Any]:
     """The rollout's training rows, built by `rowgrove.assemble` from the ledger."""

@@ -118,6 +118,10 @@ class GatewayMetrics:
         r = self.registry
         self.calls = LoopCounter("rowgrove_calls", "Calls by how they ended and their kind", ("status", "kind"))
         r.register(self.calls)
+        self.hosted_dropped = LoopCounter("rowgrove_hosted_tools_dropped",
+                                          "Hosted tools left out of a call's prompt (the provider runs them), by type",
+                                          ("type",))
+        r.register(self.hosted_dropped)
         self.engine_latency = LoopHistogram("rowgrove_engine_latency_seconds", "Time in the engine per call",
                                             _LATENCY_BUCKETS)
         r.register(self.engine_latency)

@@ -147,6 +147,7 @@ class Gateway:
         self.max_context = model_context_length(self.tokenizer, engine)
         self.vocab_size = int(getattr(engine, "vocab_size", None) or len(self.tokenizer))
         self.sessions: dict[str, RolloutSession] = {}
+        self.keys: dict[str, str] = {}  # api_key -> rollout id, of the keys plain /v1 calls used
         self.deadlines = Deadlines()
         self.in_flight = 0
         self.open_uploads = 0
@@ -194,6 +195,26 @@ class Gateway:
             s = RolloutSession(ro.id, ro.group_id, ro.api_key, finished=ro.status == "finished")
             self.sessions[ro.id] = s
         return s
+
+    def session_by_key(self, key: str | None) -> RolloutSession:
+        """The session of the rollout whose api_key is `key`: a call at the plain base URL
+        (`http://HOST:PORT/v1`) names its rollout by key alone. AuthError for no key or a key
+        no rollout has."""
+        if key:
+            rid = self.keys.get(key)
+            if rid is None:
+                ro = self.ledger.rollout_by_key(key)
+                rid = ro.id if ro is not None else None
+            if rid is not None:
+                s = self.session(rid)
+                if _same_key(key, s.api_key):
+                    self.keys[key] = rid
+                    return s
+        raise AuthError(
+            ("no rollout has this API key" if key else "a call at the plain base URL needs its rollout's API key")
+            + ": send the api_key POST /v1/rollouts returned (Authorization: Bearer KEY or x-api-key: KEY), "
+            "or call the base_url it returned (http://HOST:PORT/rollouts/{rollout_id}/v1)"
+        )
 
     def authorize_call(self, session: RolloutSession, key: str | None) -> None:
         """Only the rollout's own key may call its base_url."""
@@ -353,6 +374,8 @@ class Gateway:
             )
             if plan.images:
                 self._store_images(call.id, plan)
+            for kind in req.hosted_tools:
+                self.metrics.hosted_dropped.inc(kind)
             body = await self._generate_and_commit(session, req, call, plan)
             status = "completed"
         except BaseException as e:
@@ -369,6 +392,22 @@ class Gateway:
             self.metrics.call_ended(status, kind)
             if session.inflight.get(key) is fut:
                 del session.inflight[key]
+
+    def prompt_tokens(self, session: RolloutSession, req: ChatRequest) -> int:
+        """The number of tokens of the prompt `complete` would send the engine for `req` in
+        `session`: decided against the rollout's calls as a call is (a continuation counts its
+        parent's exact tokens), rendered by the same path, with no generation and no ledger write
+        (`POST .../v1/messages/count_tokens`). BadRequest as `complete` for what it refuses."""
+        messages, images = req.messages, NO_IMAGES
+        vision = self.renderer.vision
+        if vision is not None:
+            from rowgrove.gateway.images import load_request_images
+
+            check_request(messages, req.tools, req.chat_template_kwargs)
+            messages, images = load_request_images(messages, folder=vision.folder, lookup=vision.lookup)
+        plan = decide(self._index(session), messages, self.renderer, tools=req.tools,
+                      options=req.chat_template_kwargs, images=images)
+        return len(plan.full_prompt_ids)
 
     def _check_callable(self, session: RolloutSession) -> None:
         if session.finished:
@@ -456,6 +495,8 @@ class Gateway:
                               "an engine must give one version >= 0 per sampled token, or none")
         try:
             body, message, finish = self._response(req, call, plan, gen)
+            if req.hosted_tools:  # recorded on the call: which hosted tools the model was not shown
+                body["hosted_tools_dropped"] = list(req.hosted_tools)
             summary, response_hash = summary_hashes(plan, message)
         except Exception as e:
             self.ledger.end_call(call.id, "failed", f"could not read the engine's answer: {type(e).__name__}: {e}",

@@ -86,6 +86,7 @@ CREATE TABLE IF NOT EXISTS call_image_summaries (  -- the kept-image check's evi
     blind_summary TEXT NOT NULL                    -- summary hash with image parts counted without pixels
 );
 CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts (status, created_at);
+CREATE INDEX IF NOT EXISTS rollouts_by_key ON rollouts (api_key);  -- a call at the plain /v1 names its rollout by key
 """
 
 CALL_COLUMNS = (

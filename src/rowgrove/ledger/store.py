@@ -183,6 +183,12 @@ class Ledger:
             raise NotFound(f"rollout {rollout_id} not found: create it with POST /v1/rollouts")
         return rollout_from_row(r)
 
+    def rollout_by_key(self, api_key: str) -> Rollout | None:
+        """The rollout whose api_key is `api_key`, or None."""
+        with self._lock:
+            r = self._db.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE api_key=?", (api_key,)).fetchone()
+        return rollout_from_row(r) if r is not None else None
+
     def rollouts(self, status: str | None = None) -> list[Rollout]:
         sql = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts"
         args: tuple = ()

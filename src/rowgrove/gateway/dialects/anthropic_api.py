@@ -27,6 +27,7 @@ Errors on this route leave in Anthropic's shape, `{"type": "error", "error": {"t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
@@ -319,7 +320,7 @@ def parse_messages_request(body: Any, *, default_max_tokens: int, memo: dict[byt
     `memo`: the rollout's memo of checked messages (`validation.checked_items`)."""
     req = checked(MessagesRequest, body)
     messages = merge_leading_system(system_message(req.system) + _translate(req.messages, memo))
-    client_tools, _hosted = checked_tools(req.tools, refuse_hosted)
+    client_tools, hosted = checked_tools(req.tools, refuse_hosted)
     tools = []
     for t in client_tools:
         fn: dict[str, Any] = {"name": t.name}
@@ -342,7 +343,8 @@ def parse_messages_request(body: Any, *, default_max_tokens: int, memo: dict[byt
         "stop": list(req.stop_sequences or ()), "script": req.script,
         "chat_template_kwargs": req.chat_template_kwargs,
     }
-    return req, parse_chat_request(chat_body, default_max_tokens=default_max_tokens)
+    chat = parse_chat_request(chat_body, default_max_tokens=default_max_tokens)
+    return req, dataclasses.replace(chat, hosted_tools=tuple(hosted)) if hosted else chat
 
 
 # -- chat.completion -> message ---------------------------------------------------------------------

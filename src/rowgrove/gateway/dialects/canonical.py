@@ -18,17 +18,20 @@ FORMATS = ("chat", "responses", "anthropic")
 
 
 def chat_messages(value: Any, fmt: str, where: str) -> Any:
-    """A conversation in dialect `fmt` as chat messages (a chat conversation is returned as is,
-    for the finish route's own checks)."""
+    """A conversation in dialect `fmt` as chat messages, its leading run of system / developer
+    messages as one turn as the calls' edge gave it (`leading.merge_leading_system`; a chat
+    conversation is otherwise returned as is, for the finish route's own checks)."""
+    from rowgrove.gateway.dialects.leading import merge_leading_system
+
     if fmt == "chat":
-        return value
+        return merge_leading_system(value) if isinstance(value, list) else value
     if fmt == "responses":
         from rowgrove.gateway.dialects.responses_api import finish_messages
     elif fmt == "anthropic":
         from rowgrove.gateway.dialects.anthropic_api import finish_messages
     else:
         raise BadRequest(f"'format' must be one of {', '.join(FORMATS)}, got {fmt!r}", param="format")
-    return finish_messages(value, where)
+    return merge_leading_system(finish_messages(value, where))
 
 
 def canonical_finish(body: Any) -> Any:
@@ -42,8 +45,6 @@ def canonical_finish(body: Any) -> Any:
         fmt = "chat"
     if not isinstance(fmt, str) or fmt not in FORMATS:
         raise BadRequest(f"'format' must be one of {', '.join(FORMATS)}, got {fmt!r}", param="format")
-    if fmt == "chat":
-        return body
     out = {k: v for k, v in body.items() if k != "format"}
     if isinstance(out.get("messages"), list):
         out["messages"] = chat_messages(out["messages"], fmt, "messages")

@@ -22,6 +22,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from rowgrove.engines.base import SamplingParams
 from rowgrove.errors import BadRequest
+from rowgrove.gateway.dialects.leading import merge_leading_system
 from rowgrove.gateway.dialects.validation import STRICT_DICT, checked_dict
 
 MAX_TOP_LOGPROBS = 20
@@ -46,6 +47,9 @@ class ChatRequest:
     tool_choice: Any = None
     script: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # the hosted tools' types (Responses web_search, Anthropic web_search_20250305, ...) the request
+    # named and the model is not shown (they run at the provider): recorded on the call, counted
+    hosted_tools: tuple[str, ...] = ()
 
 
 # -- the body as JSON --------------------------------------------------------------------------
@@ -209,9 +213,20 @@ def parse_chat_request(body: Any, *, default_max_tokens: int = 256) -> ChatReque
         top_logprobs=top_logprobs if logprobs else 0,
     )
     opts = req.get("stream_options")
-    # messages and tools as sent: templates render a schema in the client's key order
+    # messages and tools as sent (templates render a schema in the client's key order), the leading
+    # run of system / developer messages as one turn, as every dialect's edge gives it
+    messages = body["messages"]
+    if isinstance(messages, list):
+        merged = merge_leading_system(messages)
+        if merged is not messages:
+            # checked as sent first, so that an error names the message by its index in the request
+            # (a harness with several leading system / developer messages: rare, so the cost is too)
+            from rowgrove.gateway.core.messages import validate_messages
+
+            validate_messages(messages)
+            messages = merged
     return ChatRequest(
-        messages=body["messages"], model=req.get("model") or "", sampling=sampling, stream=bool(req.get("stream")),
+        messages=messages, model=req.get("model") or "", sampling=sampling, stream=bool(req.get("stream")),
         include_usage=bool(opts and opts.get("include_usage")), logprobs=logprobs,
         top_logprobs=top_logprobs, tools=body.get("tools") or None, tool_choice=body.get("tool_choice"),
         script=req.get("script"), chat_template_kwargs=dict(req.get("chat_template_kwargs") or {}),

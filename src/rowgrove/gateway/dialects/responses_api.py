@@ -29,6 +29,7 @@ dialect: the same conversation over Chat Completions gives the same call and the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -374,6 +375,8 @@ def parse_responses_request(body: Any, *, default_max_tokens: int, previous: Any
         "script": req.script, "chat_template_kwargs": req.chat_template_kwargs,
     }
     chat = parse_chat_request(chat_body, default_max_tokens=default_max_tokens)
+    if hosted:
+        chat = dataclasses.replace(chat, hosted_tools=tuple(hosted))
     return ResponsesCall(chat=chat, conversation=conversation, request=req,
                          tools=[t if isinstance(t, dict) else dict(t) for t in req.tools or ()],
                          namespaces=spaces, hosted_tools=hosted)

@@ -60,29 +60,56 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+_TAGS = frozenset({"type", "role"})  # the fields whose literal says which branch of a union an object means
+
+
+def _branch(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The loc up to its first union-branch segment (the whole loc when it names none)."""
+    for k, part in enumerate(loc):
+        if _is_branch(part):
+            return loc[:k + 1]
+    return loc
+
+
+def _depth(loc: tuple[Any, ...]) -> int:
+    return sum(1 for part in loc if not _is_branch(part))
+
+
 def bad_request(e: ValidationError, prefix: tuple[Any, ...] = ()) -> BadRequest:
-    """The gateway's BadRequest for a pydantic error: the first wrong field by its JSON path (under
-    `prefix`, for an element validated on its own), what it got, and as `param` the top-level field.
-    A value that fits no branch of a union fails once per branch: up to three are said."""
+    """The gateway's BadRequest for a pydantic error, in one sentence: the one wrong field by its
+    JSON path (under `prefix`, for an element validated on its own), why, what it got, and as
+    `param` the top-level field. A value that fits no branch of a union fails once per branch;
+    the error said is the one of the branch the value meant (its `type` / `role` literal matched),
+    else the deepest, else the first."""
     errors = e.errors(include_url=False)
     first = errors[0]
     loc = prefix + tuple(first.get("loc", ()))
     top = loc[0] if loc else None
-    # a branch whose container type did not fit is left out when another branch got deeper
-    mine = [(json_path(prefix + tuple(err.get("loc", ()))), err) for err in errors
+    mine = [(prefix + tuple(err.get("loc", ())), err) for err in errors
             if (prefix + tuple(err.get("loc", ())))[:1] == loc[:1]]
-    said: list[str] = []
-    for path, err in mine:
-        if str(err.get("type", "")).endswith("_type") and any(p != path and p.startswith(path) for p, _ in mine):
-            continue
-        got = "" if err.get("type") == "missing" else f" (got {_short(err.get('input'))})"
-        text = f"'{path}': {err.get('msg', 'invalid')}{got}"
-        if text not in said and len(said) < 3:
-            said.append(text)
-    kind = str(first.get("type", ""))
+    paths = [json_path(l) for l, _ in mine]
+    # a branch whose container type did not fit is left out when another branch got deeper
+    kept = [(l, err) for (l, err), path in zip(mine, paths)
+            if not (str(err.get("type", "")).endswith("_type")
+                    and any(p != path and p.startswith(path) for p in paths))] or mine
+    # a branch whose tag literal did not match the value is not the one the value meant
+    missed = {_branch(l) for l, err in kept
+              if l and l[-1] in _TAGS and err.get("type") in ("literal_error", "missing")}
+    meant = [(l, err) for l, err in kept if _branch(l) not in missed] or kept
+    at, err = max(meant, key=lambda c: _depth(c[0]))  # the first of the deepest
+    got = "" if err.get("type") == "missing" else f" (got {_short(err.get('input'))})"
+    msg = str(err.get("msg", "invalid")).replace("; ", ", ")
+    here = json_path(at)
+    if str(err.get("type", "")).endswith("_type"):  # the value is of no type the field takes: say them all
+        kinds = [str(o.get("msg", "")).removeprefix("Input should be ") for l, o in meant
+                 if json_path(l) == here and str(o.get("type", "")).endswith("_type")]
+        kinds = list(dict.fromkeys(k for k in kinds if k))
+        if len(kinds) > 1:
+            msg = "Input should be " + " or ".join(kinds).replace("; ", ", ")
+    kind = str(err.get("type", ""))
     code = ("missing_required_parameter" if kind == "missing"
             else "invalid_type" if kind.endswith("_type") else "invalid_value")
-    return BadRequest("; or ".join(said), param=str(top) if top is not None else None, code=code)
+    return BadRequest(f"'{here}': {msg}{got}", param=str(top) if top is not None else None, code=code)
 
 
 def checked(model: type[M], body: Any) -> M:
