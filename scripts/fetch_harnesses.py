@@ -32,7 +32,8 @@ NPM: dict[str, str] = {
     "opencode-ai": "1.18.33",
 }
 MINI = ("mini-swe-agent", "2.4.6")
-MINI_DEPS = ("platformdirs", "python-dotenv", "prompt_toolkit", "wcwidth")  # beside litellm, jinja2, pydantic, rich, typer, tenacity (the `mini` CLI imports prompt_toolkit)
+# beside litellm, jinja2, pydantic, rich, typer, tenacity (the `mini` CLI imports prompt_toolkit)
+MINI_DEPS = ("platformdirs", "python-dotenv", "prompt_toolkit", "wcwidth")
 TIMEOUT_S = 600.0
 
 
@@ -58,7 +59,8 @@ def npm_installed(out: Path) -> list[str]:
 
 
 def mini_installed(out: Path) -> bool:
-    return any((out / "mini").glob(f"mini_swe_agent-{MINI[1]}.dist-info")) and (out / "mini" / "prompt_toolkit").is_dir()
+    mini = out / "mini"
+    return any(mini.glob(f"mini_swe_agent-{MINI[1]}.dist-info")) and (mini / "prompt_toolkit").is_dir()
 
 
 def install_npm(out: Path, names: list[str]) -> None:

@@ -30,8 +30,8 @@ def gateway(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "rowgrove.cli", "serve", "--model", "tiny", "--engine",
-                                 "scripted", "--script", "harness", "--port", str(port), "--ledger",
-                                 str(log.parent / "ledger.db")], stdout=out, stderr=subprocess.STDOUT, env=env)
+                                 "scripted", "--script", "harness", "--port", str(port), "--log-level", "debug",
+                                 "--ledger", str(log.parent / "ledger.db")], stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
@@ -52,7 +52,9 @@ def _path_with(*names: str) -> dict[str, str]:
 
 
 def _no_errors(log: Path) -> None:
-    bad = [ln for ln in log.read_text().splitlines() if '" 4' in ln or '" 5' in ln]
+    lines = log.read_text().splitlines()  # the access log (serve --log-level debug)
+    assert any('" 200' in ln for ln in lines), "no access log lines"
+    bad = [ln for ln in lines if '" 4' in ln or '" 5' in ln]
     assert not bad, bad[:3]
 
 
@@ -97,10 +99,10 @@ def _ledger_tokens(db: Path, rid: str) -> dict[str, tuple[list[int], list[int]]]
             for cid, p, s in got}
 
 
-def _assert_rows_exact(url: str, db: Path, rid: str, key: str) -> dict:
+def _assert_rows_exact(url: str, db: Path, rid: str, key: str | None = None) -> dict:
     """Every row's tokens are exactly the engine's: its input_ids are its calls' ledger prompt and
     sampled ids in order, and its loss-masked tokens are exactly the sampled ids."""
-    auth = {"authorization": f"Bearer {key}"}
+    auth = {"authorization": f"Bearer {key}"} if key else {}
     rows = httpx.get(f"{url}/v1/rollouts/{rid}/rows", headers=auth, timeout=30).json()["rows"]
     calls = _ledger_tokens(db, rid)
     assert rows
@@ -126,7 +128,8 @@ def _start(url: str, name: str, tmp_path: Path) -> tuple[str, str, list[str], di
     home.mkdir()
     env = {**os.environ, **_path_with(name)}
     base = got["base_url"]
-    argv, env = prepare([name], env, base_url=url + base if base.startswith("/") else base, api_key=key, home=home, workdir=work)
+    argv, env = prepare([name], env, base_url=url + base if base.startswith("/") else base, api_key=key,
+                        home=home, workdir=work)
     return rid, key, argv, env, work
 
 
@@ -141,7 +144,7 @@ def test_codex_inline_compaction_starts_a_new_root_with_exact_rows(gateway, tmp_
     # any limit below the first prompt (~23k tokens): Codex compacts once after its first call (the
     # "CONTEXT CHECKPOINT COMPACTION" request, tools: []) and goes on in the compacted context
     p = subprocess.run([*argv, "exec", "--skip-git-repo-check", "-c", "model_auto_compact_token_limit=5000",
-                        "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"]),
+                        "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"],
                        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
     assert p.returncode == 0, p.stderr[-500:]
     assert (work / "answer.txt").read_text().strip() == "done"
@@ -170,4 +173,26 @@ def test_claude_resume_compact_starts_a_new_root_with_exact_rows(gateway, tmp_pa
     _finish(url, rid, key)
     lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
     assert len(lin["calls"]) > before and sum(c["root"] for c in lin["calls"]) >= 2, lin["calls"]
+    _no_errors(log)
+
+
+@pytest.mark.parametrize("argv", [
+    ["codex", "exec", "--dangerously-bypass-approvals-and-sandbox",
+     "use a sub-agent to write answer.txt with the word done"],            # spawn_agent, then wait_agent
+    ["claude", "-p", "--allowedTools=Bash,Agent", "use a sub-agent to write answer.txt with the word done"],
+], ids=["codex", "claude"])
+def test_sub_agent_calls_are_a_separate_root_of_the_same_rollout(gateway, tmp_path, monkeypatch, argv):
+    url, log = gateway
+    for k, v in _path_with(argv[0]).items():
+        monkeypatch.setenv(k, v)
+    [res] = run_group(url, f"s-{argv[0]}", argv, n=1, workdir=tmp_path, timeout=40,
+                      reward_cmd="grep -q done answer.txt")
+    assert res.valid and res.reward == 1.0, res.reason
+    # the parent's chain and the sub-agent's: two roots in the one rollout, each trained as rows of
+    # its own (a no-record finish walks up from the last call of each root's tree), tokens exact
+    assert res.roots >= 2 and res.calls >= 4, (res.calls, res.roots)
+    lin = _assert_rows_exact(url, log.parent / "ledger.db", res.rollout_id)
+    rows = httpx.get(f"{url}/v1/rollouts/{res.rollout_id}/rows", timeout=30).json()["rows"]
+    roots = {c["id"] for c in lin["calls"] if c["root"]}
+    assert len({cid for r in rows for cid in r["call_ids"]} & roots) >= 2, [r["call_ids"] for r in rows]
     _no_errors(log)

@@ -10,7 +10,7 @@
 - otherwise, while fewer than `TOOL_TURNS` tool results follow the last user turn: a hermes
   `<tool_call>` (the Qwen3-style tiny model's native format) to the harness's own shell tool, found
   among the rendered `<tools>`; with a sub-agent tool (Claude Code's `Agent`, Codex's `spawn_agent`)
-  and a task that asks for one, that tool once first;
+  and a task that asks for one, that tool once first (Codex's then `wait_agent` on the id it returns);
 - then a final answer.
 
 The shell command writes `answer.txt` in the working folder (what the tests' reward checks).
@@ -116,6 +116,11 @@ def reply(prompt: str) -> str:
         shell = next((t for t in tools if t in SHELL_TOOLS), None)
         if shell:
             return tool_call(shell, _args(shell, COMMAND))
+    spawned = re.search(r'"agent_id"\s*:\s*"([^"]+)"', after)
+    wait = next((t for t in tools if t.split(".")[-1] == "wait_agent"), None)
+    if spawned and wait and '"wait_agent"' not in after and wait not in after:
+        # Codex's spawn_agent returns at once: wait for the sub-agent, or exec ends and stops it
+        return tool_call(wait, {"targets": [spawned.group(1)], "timeout_ms": 30000})
     shell = next((t for t in tools if t in SHELL_TOOLS), None)
     if shell and "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in prompt and MINI_SUBMIT not in after:
         # mini-swe-agent 2.x: it works through its bash tool and ends only on its submit command
