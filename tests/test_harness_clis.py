@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 import harnesses
-from rowgrove.integrations.cli_harness import run_group
+from rowgrove.harnesses.run import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.harnesses]
@@ -119,7 +119,7 @@ def _assert_rows_exact(url: str, db: Path, rid: str, key: str | None = None) -> 
 
 def _start(url: str, name: str, tmp_path: Path) -> tuple[str, str, list[str], dict[str, str], Path]:
     """A rollout and the (argv, env) that point `name` at it, in a fresh workdir and config home."""
-    from rowgrove.integrations.harnesses import prepare
+    from rowgrove.harnesses.known import prepare
 
     got = httpx.post(f"{url}/v1/rollouts", json={"group_id": f"c-{name}"}, timeout=30).json()
     rid, key = got["rollout_id"], got["api_key"]

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from rowgrove.integrations.cli_harness import RolloutResult, RunError, run_group
+    from rowgrove.harnesses.run import RolloutResult, RunError, run_group
 
     argv = list(args.harness)
     if argv and argv[0] == "--":

@@ -1,11 +1,11 @@
 """Drive any CLI coding agent through a gateway: N rollouts of one group, each in its own workdir copy.
 
-    from rowgrove.integrations.cli_harness import run_group
+    from rowgrove.harnesses.run import run_group
     results = run_group("http://127.0.0.1:8000", "g1", ["codex", "exec", "fix the failing test"],
                         n=4, workdir="repo", reward_cmd="pytest -q")
 
 For each rollout: `POST /v1/rollouts` (group `group`), a temporary copy of `workdir`, the harness
-process pointed at the rollout by its own settings (`rowgrove.integrations.harnesses`: codex,
+process pointed at the rollout by its own settings (`rowgrove.harnesses.known`: codex,
 claude, qwen, opencode, mini; any other program through `{base_url}` and `{api_key}` placeholders
 in its arguments and environment), then the reward command in that copy (exit 0 -> 1.0, else 0.0;
 or the number its last output line prints), then `POST /v1/rollouts/{id}/finish` with no record
@@ -104,7 +104,7 @@ def substitute(value: str, base_url: str, api_key: str) -> str:
 def run_one(gw: Gateway, group: str, argv: Sequence[str], *, workdir: Path | None, reward_cmd: str | None,
             timeout: float | None, env: Mapping[str, str] | None = None, index: int = 0,
             on_done: Callable[[RolloutResult], None] | None = None) -> RolloutResult:
-    from rowgrove.integrations.harnesses import prepare
+    from rowgrove.harnesses.known import prepare
 
     rid, base_url, key = gw.create(group, {"harness": Path(argv[0]).name, "index": index})
     tmp = Path(tempfile.mkdtemp(prefix=f"rowgrove-run-{rid}-"))
