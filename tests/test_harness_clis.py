@@ -101,19 +101,25 @@ def _ledger_tokens(db: Path, rid: str) -> dict[str, tuple[list[int], list[int]]]
 
 def _assert_rows_exact(url: str, db: Path, rid: str, key: str | None = None) -> dict:
     """Every row's tokens are exactly the engine's: its input_ids are its calls' ledger prompt and
-    sampled ids in order, and its loss-masked tokens are exactly the sampled ids."""
+    sampled ids in order, only sampled ids are trained, and each call of the rows is trained in
+    exactly one of them (two rows that share an ancestor train it once)."""
     auth = {"authorization": f"Bearer {key}"} if key else {}
     rows = httpx.get(f"{url}/v1/rollouts/{rid}/rows", headers=auth, timeout=30).json()["rows"]
     calls = _ledger_tokens(db, rid)
     assert rows
+    trained: dict[str, int] = {}
     for row in rows:
-        want, sampled = [], []
+        want, at = [], 0
         for cid in row["call_ids"]:
             p, s = calls[cid]
             want += p + s
-            sampled += s
+            assert not any(row["loss_mask"][at:at + len(p)]), f"{cid}: prompt tokens trained"
+            mask = row["loss_mask"][at + len(p):at + len(p) + len(s)]
+            assert all(mask) or not any(mask), f"{cid}: sampled tokens partly trained"
+            trained[cid] = trained.get(cid, 0) + bool(all(mask) and s)
+            at += len(p) + len(s)
         assert row["input_ids"] == want
-        assert [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m] == sampled
+    assert all(n == 1 for n in trained.values()), trained
     return httpx.get(f"{url}/v1/rollouts/{rid}", headers=auth, timeout=30).json()
 
 
