@@ -22,6 +22,7 @@ from openai import OpenAI
 from rowgrove.engines import make_engine
 from rowgrove.engines.base import SamplingParams, teacher_forced_logprobs
 from rowgrove.engines.sglang import ReplyReader, SGLangEngine, version_number
+from rowgrove.model.tiny import CONTEXT
 from rowgrove.errors import BadRequest, EngineError, Unavailable
 from rowgrove.gateway.testing import start_gateway
 from rowgrove.standins import launch_standin
@@ -320,7 +321,7 @@ def test_the_stream_form_is_read_from_completion_tokens_whatever_was_configured(
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
 def test_a_request_the_server_refuses_is_a_bad_request(servers, stream):
     engine = make_engine("sglang", "tiny", url=servers["cumulative"].url, stream=stream)
-    too_long = [7] * 8192  # the model's context length
+    too_long = [7] * CONTEXT  # the model's context length
     with pytest.raises(BadRequest, match="longer than the model's context length"):
         _arun(engine, lambda: engine.generate(too_long, SamplingParams(max_tokens=2)))
 
@@ -357,7 +358,7 @@ def test_the_other_routes_answer_in_sglangs_shapes(hf):
             assert httpx.get(f"{url}{path}").json()["incremental_streaming_output"] is False
         r = httpx.post(f"{url}/v1/tokenize", json={"prompt": "hi there", "add_special_tokens": False})
         assert r.json() == {"tokens": hf.tokenizer.encode("hi there", add_special_tokens=False),
-                            "count": 3, "max_model_len": 8192}
+                            "count": 3, "max_model_len": CONTEXT}
         r = httpx.post(f"{url}/tokenize", content=b'{"prompt": "x"}', headers={"content-type": "text/plain"})
         assert r.status_code == 400 and r.json()["type"] == "Bad Request"
         r = httpx.post(f"{url}/detokenize", json={"tokens": [78, 79, 2], "skip_special_tokens": False})
