@@ -30,11 +30,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(ledger, port: int, log) -> subprocess.Popen:
+def _serve(ledger, port: int, log, **env: str) -> subprocess.Popen:
+    """`rowgrove serve` on the scripted tiny engine, started and healthy; `env` adds variables."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "rowgrove.cli", "serve", "--engine", "scripted", "--model", "tiny",
          "--ledger", str(ledger), "--port", str(port), "--log-level", "warning"],
-        env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=log, stderr=log)
+        env=dict(os.environ, OMP_NUM_THREADS="1", **env), stdout=log, stderr=log)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

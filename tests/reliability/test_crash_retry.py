@@ -8,38 +8,20 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
-import time
 
 import httpx
 import openai
 import pytest
-from test_crash import _free_port
+from test_crash import _free_port, _serve
 
 from rowgrove.ledger import Ledger
 
 
 def _start(ledger, port: int, log, die: bool) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if die:
-        env["ROWGROVE_TEST_DIE_AFTER_COMMIT"] = "1"
-    else:
-        env.pop("ROWGROVE_TEST_DIE_AFTER_COMMIT", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rowgrove.cli", "serve", "--engine", "scripted", "--model", "tiny",
-         "--ledger", str(ledger), "--port", str(port), "--log-level", "warning"], env=env, stdout=log, stderr=log)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        assert proc.poll() is None, f"serve exited with {proc.returncode}"
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("serve did not start")
+    """A server that dies after each call's ledger commit (`die`), or one that does not."""
+    os.environ.pop("ROWGROVE_TEST_DIE_AFTER_COMMIT", None)
+    return _serve(ledger, port, log, **({"ROWGROVE_TEST_DIE_AFTER_COMMIT": "1"} if die else {}))
 
 
 ROLLOUTS, TURNS = 16, 2
