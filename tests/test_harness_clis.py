@@ -18,6 +18,8 @@ import harnesses
 from rowgrove.harnesses.run import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
+# a harness run takes 2-10 s alone; make test runs this beside the rest of the suite on 2 cores
+RUN_TIMEOUT = 150
 pytestmark = [pytest.mark.slow, pytest.mark.harnesses]
 
 
@@ -80,7 +82,7 @@ def test_run_finished_rollouts_rewarded(gateway, tmp_path, monkeypatch, n, argv)
     for k, v in _path_with(argv[0]).items():
         monkeypatch.setenv(k, v)
     (tmp_path / "README").write_text("task\n")
-    results = run_group(url, f"g-{argv[0]}", argv, n=n, workdir=tmp_path, timeout=40,
+    results = run_group(url, f"g-{argv[0]}", argv, n=n, workdir=tmp_path, timeout=RUN_TIMEOUT,
                         reward_cmd="grep -q done answer.txt")
     assert [r.valid for r in results] == [True] * n, [r.reason for r in results]
     assert [r.reward for r in results] == [1.0] * n
@@ -104,9 +106,16 @@ def _assert_rows_exact(url: str, db: Path, rid: str, key: str | None = None) -> 
     sampled ids in order, only sampled ids are trained, and each call of the rows is trained in
     exactly one of them (two rows that share an ancestor train it once)."""
     auth = {"authorization": f"Bearer {key}"} if key else {}
-    rows = httpx.get(f"{url}/v1/rollouts/{rid}/rows", headers=auth, timeout=30).json()["rows"]
+    got = httpx.get(f"{url}/v1/rollouts/{rid}/rows", headers=auth, timeout=30).json()
+    rows, m = got["rows"], got["metrics"]
     calls = _ledger_tokens(db, rid)
     assert rows
+    # finished with no record: the traffic is the record, every completed call trained but the
+    # siblings a retry or resample superseded
+    with sqlite3.connect(db) as con:
+        (completed,), = con.execute("SELECT count(*) FROM calls WHERE rollout_id = ? AND status = 'completed'",
+                                    (rid,)).fetchall()
+    assert m["source"] == "traffic" and m["accepted_calls"] == completed - m["superseded_calls"], m
     trained: dict[str, int] = {}
     for row in rows:
         want, at = [], 0
@@ -119,7 +128,7 @@ def _assert_rows_exact(url: str, db: Path, rid: str, key: str | None = None) -> 
             trained[cid] = trained.get(cid, 0) + bool(all(mask) and s)
             at += len(p) + len(s)
         assert row["input_ids"] == want
-    assert all(n == 1 for n in trained.values()), trained
+    assert all(n == 1 for n in trained.values()) and sum(trained.values()) == m["accepted_calls"], (trained, m)
     return httpx.get(f"{url}/v1/rollouts/{rid}", headers=auth, timeout=30).json()
 
 
@@ -151,7 +160,7 @@ def test_codex_inline_compaction_starts_a_new_root_with_exact_rows(gateway, tmp_
     # "CONTEXT CHECKPOINT COMPACTION" request, tools: []) and goes on in the compacted context
     p = subprocess.run([*argv, "exec", "--skip-git-repo-check", "-c", "model_auto_compact_token_limit=5000",
                         "--dangerously-bypass-approvals-and-sandbox", "write answer.txt with the word done"],
-                       cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+                       cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert p.returncode == 0, p.stderr[-500:]
     assert (work / "answer.txt").read_text().strip() == "done"
     _finish(url, rid, key)
@@ -165,7 +174,7 @@ def test_claude_resume_compact_starts_a_new_root_with_exact_rows(gateway, tmp_pa
     rid, key, argv, env, work = _start(url, "claude", tmp_path)
     def claude(*args: str) -> str:
         p = subprocess.run([*argv, "-p", "--allowedTools=Bash", "--output-format", "stream-json", "--verbose", *args],
-                           cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+                           cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT)
         assert p.returncode == 0, p.stderr[-500:]
         return next(json.loads(ln)["session_id"] for ln in p.stdout.splitlines()
                     if ln.startswith("{") and "session_id" in ln)
@@ -191,7 +200,7 @@ def test_sub_agent_calls_are_a_separate_root_of_the_same_rollout(gateway, tmp_pa
     url, log = gateway
     for k, v in _path_with(argv[0]).items():
         monkeypatch.setenv(k, v)
-    [res] = run_group(url, f"s-{argv[0]}", argv, n=1, workdir=tmp_path, timeout=40,
+    [res] = run_group(url, f"s-{argv[0]}", argv, n=1, workdir=tmp_path, timeout=RUN_TIMEOUT,
                       reward_cmd="grep -q done answer.txt")
     assert res.valid and res.reward == 1.0, res.reason
     # the parent's chain and the sub-agent's: two roots in the one rollout, each trained as rows of
