@@ -14,7 +14,15 @@ Scenarios (`SCENARIOS`):
 - compaction: a tool round and an answer, then the harness drops the old turns and sends a summary
   with the last answer and a new question (a new root, reason REWRITTEN), then one more turn;
 - thinking (families that think): reasoning + tool call (or reasoning + answer where the family
-  thinks only without tools) -> tool result -> reasoning + answer -> user -> reasoning + answer.
+  thinks only without tools) -> tool result -> reasoning + answer -> user -> reasoning + answer;
+- developer / developer_after_system / developer_responses: a harness's instructions as developer
+  messages (Codex sends two developer items and no `instructions`): [developer, developer, user]
+  (Chat Completions, the second a list of text parts), [system, developer, user] (Chat
+  Completions), [developer, developer, user] as Responses input items; then answer -> user ->
+  answer. Each family's template sees the mapped
+  conversation: the leading run of system / developer messages as one message (texts joined by a
+  blank line), `developer` where the run holds one and the template renders that role, else
+  `system` (`mapped_messages`, written here from that rule, to check the gateway).
 
 For each cell and each call the checks are (`Cell`):
 - accepted: HTTP 200, the reply parsed as scripted (tool_calls where the model called a tool,
@@ -23,12 +31,16 @@ For each cell and each call the checks are (`Cell`):
   recorded by the gateway's decision (REWRITTEN for the compacted request);
 - token-exact: the engine's full prompt (the ledger's; also what the engine was asked and
   usage.prompt_tokens) equals the model folder's tokenizer's tokenization of
-  `apply_chat_template(engine_messages(messages), tools, add_generation_prompt=True)`; for a call
+  `apply_chat_template(engine_messages(mapped_messages(messages)), tools, add_generation_prompt=True)`; for a call
   marked history_drift, its prefix is the parent's exact context (prompt + sampled ids) and the
   rest is the tokenization of what the template writes after the parent's turn (the boundary found
   independently of the gateway: the last turn-end marker of the family before the first new
   message's text); a call is marked drift exactly when the rendering does not start with the
   parent's context text;
+- instructions in prompt (the developer cells): every system / developer message's text is in the
+  template's rendering of the mapped conversation and in the engine's prompt (a template that
+  drops or refuses the role would lose it). Not checked elsewhere: Mistral Nemo's template writes
+  the system message only before a last user message, so a tool loop's later prompts lack it;
 - correct fallback: every continuation's parent is the call that produced the request's last
   assistant message, every expected root is a root with the expected reason;
 - rows: the finished rollout's rows are valid, the loss-masked tokens of each row are exactly the
@@ -66,9 +78,12 @@ TABLE_BEGIN = "<!-- conformance-table: begin (python tests/gateway/test_conforma
 TABLE_END = "<!-- conformance-table: end -->"
 
 NAMES = list(FAMILIES)
-SCENARIOS = ("tool_loop", "tool_loop_raw", "second_user", "compaction", "thinking")
+SCENARIOS = ("tool_loop", "tool_loop_raw", "second_user", "compaction", "thinking",
+             "developer", "developer_after_system", "developer_responses")
+DEVELOPER = ("developer", "developer_after_system", "developer_responses")
 LABELS = {"tool_loop": "tool loop", "tool_loop_raw": "raw tool loop", "second_user": "second user turn",
-          "compaction": "compaction", "thinking": "thinking"}
+          "compaction": "compaction", "thinking": "thinking", "developer": "developer",
+          "developer_after_system": "developer after system", "developer_responses": "developer (Responses)"}
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather of a city",
@@ -113,6 +128,7 @@ class Step:
     error: str | None = None
     engine_prompt: list[int] | None = None
     call_id: str | None = None
+    api: str = "chat"                       # "chat" (Chat Completions) or "responses"
 
 
 @dataclass
@@ -131,6 +147,7 @@ class Cell:
     fallback_ok: bool = True
     rows_ok: bool = True
     tool_results_ok: bool = True            # each tool result's text is in the prompt as sent
+    instructions_ok: bool = True            # each system / developer text is in the prompt
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # differences that are not failures
@@ -138,7 +155,7 @@ class Cell:
     @property
     def ok(self) -> bool:
         return (not self.applicable) or (self.accepted and self.token_exact and self.fallback_ok and self.rows_ok
-                                         and self.tool_results_ok
+                                         and self.tool_results_ok and self.instructions_ok
                                          and self.continued == self.expected_continuations)
 
     def fail(self, what: str) -> None:
@@ -228,12 +245,12 @@ class Episode:
     def ask(self, messages: list[dict[str, Any]], *, content: str | None = None,
             calls: Sequence[tuple[str, dict[str, Any]]] = (), reasoning: str | None = None,
             tools: list[dict[str, Any]] | None = None, want_continue: bool = True,
-            want_reason: str | None = None) -> dict[str, Any] | None:
+            want_reason: str | None = None, api: str = "chat") -> dict[str, Any] | None:
         """One call; returns the echoed assistant message (None when the call failed)."""
         script = self.fam.native(content, list(calls), reasoning)
         j = max((k for k, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
         step = Step(list(messages), tools, dict(self.kwargs), script, content, list(calls), reasoning,
-                    want_continue, want_reason, j)
+                    want_continue, want_reason, j, api=api)
         self.steps.append(step)
         n_prompts = len(self.gw.test_engine.prompts)
         n_reasons = len(self.spy.reasons)
@@ -241,19 +258,57 @@ class Episode:
         if self.kwargs:
             extra["chat_template_kwargs"] = self.kwargs
         try:
-            r = self.client.chat.completions.create(model="conformance", messages=messages, tools=tools or
-                                                    _omit(), extra_body=extra, max_tokens=512)
+            if api == "responses":
+                r = self.client.responses.create(model="conformance", input=_response_items(messages),
+                                                 extra_body=extra, max_output_tokens=512)
+            else:
+                r = self.client.chat.completions.create(model="conformance", messages=messages, tools=tools or
+                                                        _omit(), extra_body=extra, max_tokens=512)
         except Exception as e:  # recorded, not raised: the cell says what failed
             step.error = f"{type(e).__name__}: {e}"
             return None
         step.response = r
-        step.call_id = r.id
+        step.call_id = r.id.removeprefix("resp_") if api == "responses" else r.id
         step.reason = self.spy.reasons[-1] if len(self.spy.reasons) > n_reasons else None
         prompts = self.gw.test_engine.prompts
         step.engine_prompt = prompts[-1] if len(prompts) > n_prompts else None
-        msg = self.echo(r.choices[0].message)
-        self.sources[id(msg)] = r.id
+        if api == "responses":  # the harness keeps the output item; its chat form is the message
+            msg: dict[str, Any] = {"role": "assistant", "content": r.output_text}
+        else:
+            msg = self.echo(r.choices[0].message)
+        self.sources[id(msg)] = step.call_id
         return msg
+
+
+def _response_items(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages (text only) as the Responses input items a harness such as Codex sends."""
+    out = []
+    for m in messages:
+        kind = "output_text" if m["role"] == "assistant" else "input_text"
+        out.append({"type": "message", "role": m["role"], "content": [{"type": kind, "text": m["content"]}]})
+    return out
+
+
+def _text(content: str | Sequence[Mapping[str, Any]]) -> str:
+    """A message's text: the string, or its text parts joined by a newline."""
+    return content if isinstance(content, str) else "\n".join(p["text"] for p in content)
+
+
+def mapped_messages(messages: Sequence[Mapping[str, Any]], renders_developer: bool) -> list[dict[str, Any]]:
+    """The conversation as the family's template should see it: a leading run of several system /
+    developer messages as one (texts joined by a blank line, role developer when the run holds
+    one), and a developer message as a system message where the template does not name the role."""
+    out = [dict(m) for m in messages]
+    n = 0
+    while n < len(out) and out[n].get("role") in ("system", "developer"):
+        n += 1
+    if n > 1:
+        role = "developer" if any(m["role"] == "developer" for m in out[:n]) else "system"
+        out = [{"role": role, "content": "\n\n".join(_text(m["content"]) for m in out[:n])}] + out[n:]
+    for m in out:
+        if m.get("role") == "developer" and not renders_developer:
+            m["role"] = "system"
+    return out
 
 
 def _omit() -> Any:
@@ -351,6 +406,22 @@ def _ep_thinking(ep: Episode) -> list[list[dict]]:
     return [msgs]
 
 
+DEV_ONE = "DEV-ONE: you run in a sandbox; ask before writing outside the workspace."
+DEV_TWO = "DEV-TWO: collaboration mode is pairing; explain each change."
+
+
+def _ep_developer(ep: Episode, head: list[dict[str, Any]], api: str = "chat") -> list[list[dict]]:
+    msgs = head + [{"role": "user", "content": "Which file holds the failing test?"}]
+    a1 = ep.ask(msgs, content="tests/test_parse.py holds it.", want_continue=False, api=api)
+    if a1 is None:
+        return [msgs]
+    msgs += [a1, {"role": "user", "content": "Fix it."}]
+    a2 = ep.ask(msgs, content="Fixed: the parser now strips the newline.", api=api)
+    if a2 is not None:
+        msgs.append(a2)
+    return [msgs]
+
+
 def run_cell(gw: Any, fam: Family, scenario: str, spy: _DecisionSpy) -> Cell:
     """Run one scenario on the family's gateway, finish it, and check every call and the rows."""
     cell = Cell(fam.name, scenario)
@@ -358,8 +429,14 @@ def run_cell(gw: Any, fam: Family, scenario: str, spy: _DecisionSpy) -> Cell:
         cell.applicable = False
         return cell
     ep = Episode(gw, fam, spy, raw=scenario == "tool_loop_raw", thinking=scenario == "thinking")
+    dev = [{"role": "developer", "content": DEV_ONE}, {"role": "developer", "content": DEV_TWO}]
+    # Chat Completions: the second as a list of text parts, as some harnesses send it
+    dev_parts = [dev[0], {"role": "developer", "content": [{"type": "text", "text": DEV_TWO}]}]
     run = {"tool_loop": _ep_tool_loop, "tool_loop_raw": _ep_tool_loop, "second_user": _ep_second_user,
-           "compaction": _ep_compaction, "thinking": _ep_thinking}[scenario]
+           "compaction": _ep_compaction, "thinking": _ep_thinking,
+           "developer": lambda ep: _ep_developer(ep, dev_parts),
+           "developer_after_system": lambda ep: _ep_developer(ep, [{"role": "system", "content": SYSTEM}, dev[0]]),
+           "developer_responses": lambda ep: _ep_developer(ep, dev, "responses")}[scenario]
     conversations = run(ep)
     check_calls(cell, ep)
     if all(s.response is not None for s in ep.steps):
@@ -386,7 +463,7 @@ def check_calls(cell: Cell, ep: Episode) -> None:
             cell.fail(f"{where}: refused: {st.error}")
             continue
         # accepted: parsed as scripted
-        msg = st.response.choices[0].message
+        msg = _reply(st)
         got_calls = [(tc.function.name, json.loads(tc.function.arguments)) for tc in msg.tool_calls or ()]
         if got_calls != st.want_calls:
             cell.accepted = False
@@ -435,18 +512,29 @@ def check_calls(cell: Cell, ep: Episode) -> None:
         if st.engine_prompt != full:
             cell.token_exact = False
             cell.fail(f"{where}: the engine was asked another prompt than the ledger's")
-        if st.response.usage.prompt_tokens != len(full) or call.prompt_len != len(full):
+        usage = st.response.usage.input_tokens if st.api == "responses" else st.response.usage.prompt_tokens
+        if usage != len(full) or call.prompt_len != len(full):
             cell.token_exact = False
-            cell.fail(f"{where}: usage.prompt_tokens {st.response.usage.prompt_tokens} / prompt_len "
+            cell.fail(f"{where}: usage.prompt_tokens {usage} / prompt_len "
                       f"{call.prompt_len} != {len(full)}")
         sampled = call.sampled_ids.tolist()
         if sampled != tok.encode(st.script, add_special_tokens=False):
             cell.token_exact = False
             cell.fail(f"{where}: sampled ids are not the script's tokens")
-        prepared = engine_messages(st.messages, renderer.content_format)
+        mapped = mapped_messages(st.messages, "developer" in tok.chat_template)
+        prepared = engine_messages(mapped, renderer.content_format)
         text = tok.apply_chat_template(prepared, tools=st.tools, add_generation_prompt=True, tokenize=False,
                                        **st.kwargs)
         expected = tok.encode(text, add_special_tokens=False)
+        sent = renderer.decode(full)
+        for m in st.messages:
+            instruction = cell.scenario in DEVELOPER and m.get("role") in ("system", "developer")
+            said = _text(m["content"]) if instruction else None
+            if said is not None and (said not in text or said not in sent):
+                cell.instructions_ok = False
+                cell.fail(f"{where}: the {m['role']} text {said!r} is not in the "
+                          f"{'rendering' if said not in text else 'prompt'}")
+                break
         for m in st.messages:
             if m.get("role") == "tool" and (m["content"] not in text or "{'type': 'text'" in text):
                 cell.tool_results_ok = False
@@ -489,6 +577,15 @@ def check_calls(cell: Cell, ep: Episode) -> None:
             cell.token_exact = False
             cell.fail(f"{where}: drift continuation's new part != the rendering after the parent's turn "
                       f"({renderer.decode(rest)!r} vs {text[b:]!r})")
+
+
+def _reply(st: Step) -> Any:
+    """The reply as a Chat Completions message (content, tool_calls, reasoning) for either API."""
+    if st.api != "responses":
+        return st.response.choices[0].message
+    from openai.types.chat import ChatCompletionMessage
+
+    return ChatCompletionMessage(role="assistant", content=st.response.output_text or None)
 
 
 def _turn_boundary(fam: Family, text: str, new_messages: Sequence[Mapping[str, Any]]) -> int | None:
@@ -568,9 +665,10 @@ def _yes(ok: bool) -> str:
 
 def matrix_table(cells: Sequence[Cell]) -> str:
     """The conformance matrix as a markdown table (one row per family)."""
-    lines = ["| family | accepted | tool loop | second user turn | compaction | thinking | token-exact "
-             "| history-drift calls | correct fallback | rows valid | tool results in prompt |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | accepted | tool loop | second user turn | compaction | thinking | developer messages "
+             "| token-exact | history-drift calls | correct fallback | rows valid | tool results in prompt "
+             "| instructions in prompt |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in NAMES:
         mine = [c for c in cells if c.family == name and c.applicable]
         by = {c.scenario: c for c in cells if c.family == name}
@@ -582,9 +680,10 @@ def matrix_table(cells: Sequence[Cell]) -> str:
             _rate([by["second_user"]] if "second_user" in by else []),
             _rate([by["compaction"]] if "compaction" in by else []),
             _rate([by["thinking"]] if "thinking" in by else []),
+            _rate([by[s] for s in DEVELOPER if s in by]),
             _yes(all(c.token_exact for c in mine)), drift,
             _yes(all(c.fallback_ok for c in mine)), _yes(all(c.rows_ok for c in mine)),
-            _yes(all(c.tool_results_ok for c in mine)),
+            _yes(all(c.tool_results_ok for c in mine)), _yes(all(c.instructions_ok for c in mine)),
         ]) + " |")
     return "\n".join(lines)
 
