@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 import harnesses
+from rowgrove.engines.harness_policy import SUMMARY
 from rowgrove.harnesses.run import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,4 +211,51 @@ def test_sub_agent_calls_are_a_separate_root_of_the_same_rollout(gateway, tmp_pa
     rows = httpx.get(f"{url}/v1/rollouts/{res.rollout_id}/rows", timeout=30).json()["rows"]
     roots = {c["id"] for c in lin["calls"] if c["root"]}
     assert len({cid for r in rows for cid in r["call_ids"]} & roots) >= 2, [r["call_ids"] for r in rows]
+    _no_errors(log)
+
+
+def test_qwen_chat_compression_starts_a_new_root_with_exact_rows(gateway, tmp_path):
+    url, log = gateway
+    rid, key, argv, env, work = _start(url, "qwen", tmp_path)
+    # compress above 1% of its window (its first prompt is ~45k tokens of 131k): before its second
+    # request it sends the history under its own compression system prompt, asking to "generate the
+    # <state_snapshot>" (a root: ~2.3k tokens, no tools), then goes on from the summary (a root);
+    # without the setting the same task is one root of two calls
+    settings = Path(env["HOME"]) / ".qwen" / "settings.json"
+    cfg = json.loads(settings.read_text())
+    cfg["model"] = {"chatCompression": {"contextPercentageThreshold": 0.01}}
+    settings.write_text(json.dumps(cfg))
+    p = subprocess.run([*argv, "--yolo", "-p", "write answer.txt with the word done"], cwd=work, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert p.returncode == 0, p.stderr[-500:]
+    assert (work / "answer.txt").read_text().strip() == "done"
+    _finish(url, rid, key)
+    lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
+    assert sum(c["root"] for c in lin["calls"]) >= 3, lin["calls"]
+    _no_errors(log)
+
+
+def test_opencode_auto_compaction_starts_a_new_root_with_exact_rows(gateway, tmp_path):
+    url, log = gateway
+    rid, key, argv, env, work = _start(url, "opencode", tmp_path)
+    # opencode compacts when a step's tokens reach its model's limit.context minus its output limit;
+    # its system prompt and tools alone are ~17.8k tokens, so a window below that compacts after
+    # every step, forever. A padded task (~3.5k tokens) puts the first step (~21.3k) over 19k and
+    # the compacted context (~17.8k: the summary in place of the task) under it: one compaction (a
+    # request without tools, a root), then the next step goes on from the summary (a new root)
+    cfg_path = Path(env["XDG_CONFIG_HOME"]) / "opencode" / "opencode.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["provider"]["rowgrove"]["models"]["policy"]["limit"] = {"context": 20000, "output": 1000}
+    cfg_path.write_text(json.dumps(cfg))
+    env["PWD"] = str(work)
+    task = "write answer.txt with the word done. " + "Keep the answer file to one word. " * 300
+    p = subprocess.run([*argv, "run", task], cwd=work, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+    assert p.returncode == 0, p.stderr[-500:]
+    assert (work / "answer.txt").read_text().strip() == "done"
+    assert SUMMARY in p.stdout  # it prints the compaction's summary
+    _finish(url, rid, key)
+    lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
+    # its title request, the first step, the compaction request, the step after it: each a root
+    assert sum(c["root"] for c in lin["calls"]) >= 4, lin["calls"]
     _no_errors(log)

@@ -4,7 +4,8 @@
 
 - a title request (opencode's, Claude Code's) -> a short title;
 - a compaction / summary request (Codex's "CONTEXT CHECKPOINT COMPACTION", Claude Code's /compact,
-  Qwen Code's compression prompt, opencode's compaction) -> a plain summary;
+  Qwen Code's chat compression, whose last user turn asks to "generate the <state_snapshot>",
+  opencode's compaction) -> a plain summary;
 - mini-swe-agent's prompt: with its `bash` tool (2.x) the shell call, then a call of its submit
   command; without tools (text mode) a ```bash block, then its submit command;
 - otherwise, while fewer than `TOOL_TURNS` tool results follow the last user turn: a hermes
@@ -93,7 +94,7 @@ def reply(prompt: str) -> str:
     if "title" in low and ("generate" in low or "short" in low) and len(user) < 6000 and "<tools>" not in prompt:
         return "Answer file task"
     task = low.split("</system-reminder>")[-1]  # Claude Code's reminders are not the request
-    if ("context checkpoint compaction" in task or "/compact" in task
+    if ("context checkpoint compaction" in task or "/compact" in task or "<state_snapshot>" in task
             or "summar" in task and ("conversation" in task or "compact" in task)):
         return SUMMARY
     tools = _tools(prompt)
