@@ -226,7 +226,7 @@ def test_qwen_chat_compression_starts_a_new_root_with_exact_rows(gateway, tmp_pa
     cfg["model"] = {"chatCompression": {"contextPercentageThreshold": 0.01}}
     settings.write_text(json.dumps(cfg))
     p = subprocess.run([*argv, "--yolo", "-p", "write answer.txt with the word done"], cwd=work, env=env,
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert p.returncode == 0, p.stderr[-500:]
     assert (work / "answer.txt").read_text().strip() == "done"
     _finish(url, rid, key)
@@ -250,7 +250,7 @@ def test_opencode_auto_compaction_starts_a_new_root_with_exact_rows(gateway, tmp
     env["PWD"] = str(work)
     task = "write answer.txt with the word done. " + "Keep the answer file to one word. " * 300
     p = subprocess.run([*argv, "run", task], cwd=work, env=env,
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=40)
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     assert p.returncode == 0, p.stderr[-500:]
     assert (work / "answer.txt").read_text().strip() == "done"
     assert SUMMARY in p.stdout  # it prints the compaction's summary
