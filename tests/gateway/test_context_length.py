@@ -38,7 +38,9 @@ def test_max_tokens_is_capped_to_the_room_left():
 
         async def spy(prompt_ids, sampling, *, hints=None):
             seen.append((len(prompt_ids), sampling.max_tokens))
-            return await real(prompt_ids, sampling, hints=hints)
+            # the reply scored on the prompt's tail: a full pass over ~128k positions on a CPU takes
+            # minutes, and what is checked here is the cap the gateway sent, not the scores
+            return await real(prompt_ids[-64:], sampling, hints=hints)
 
         gw.engine.generate = spy
         r = _chat(gw, ro, "word " * (CONTEXT - 3000), max_tokens=4000)

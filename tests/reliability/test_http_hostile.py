@@ -438,14 +438,15 @@ def test_models_name_is_the_model_spec_or_the_setting(tmp_path):
         assert httpx.get(gw.url + "/v1/models").json()["data"][0]["id"] == "my-policy"
 
 
-def test_chat_without_a_rollout_is_404_saying_what_to_do(gw):
+def test_chat_at_the_plain_base_url_with_no_rollouts_key_is_401_saying_what_to_do(gw):
+    """The plain /v1 finds a rollout by its key alone; a key no rollout has is refused, in one
+    sentence that says which key to send (or which base URL to call), and nothing is recorded."""
     before = dump_ledger(gw.ledger_path)
     client = OpenAI(base_url=gw.url + "/v1", api_key="anything", max_retries=0)
-    with pytest.raises(openai.NotFoundError) as info:
+    with pytest.raises(openai.AuthenticationError) as info:
         client.chat.completions.create(model="m", messages=USER)
     err = info.value.response.json()["error"]
     assert "POST /v1/rollouts" in err["message"] and "base_url" in err["message"]
-    assert err["type"] == "not_found_error"
     assert dump_ledger(gw.ledger_path) == before
 
 
