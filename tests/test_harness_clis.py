@@ -214,6 +214,21 @@ def test_sub_agent_calls_are_a_separate_root_of_the_same_rollout(gateway, tmp_pa
     _no_errors(log)
 
 
+def _compacting_run(url: str, log: Path, rid: str, key: str, cmd: list[str], work: Path,
+                    env: dict[str, str], min_roots: int) -> subprocess.CompletedProcess:
+    """Run a harness on the answer-file task, finish with no record, check the rows are exact and
+    the rollout has at least `min_roots` roots, and that nothing was refused."""
+    p = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=RUN_TIMEOUT)
+    assert p.returncode == 0, p.stderr[-500:]
+    assert (work / "answer.txt").read_text().strip() == "done"
+    _finish(url, rid, key)
+    lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
+    assert sum(c["root"] for c in lin["calls"]) >= min_roots, lin["calls"]
+    _no_errors(log)
+    return p
+
+
 def test_qwen_chat_compression_starts_a_new_root_with_exact_rows(gateway, tmp_path):
     url, log = gateway
     rid, key, argv, env, work = _start(url, "qwen", tmp_path)
@@ -225,14 +240,8 @@ def test_qwen_chat_compression_starts_a_new_root_with_exact_rows(gateway, tmp_pa
     cfg = json.loads(settings.read_text())
     cfg["model"] = {"chatCompression": {"contextPercentageThreshold": 0.01}}
     settings.write_text(json.dumps(cfg))
-    p = subprocess.run([*argv, "--yolo", "-p", "write answer.txt with the word done"], cwd=work, env=env,
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert p.returncode == 0, p.stderr[-500:]
-    assert (work / "answer.txt").read_text().strip() == "done"
-    _finish(url, rid, key)
-    lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
-    assert sum(c["root"] for c in lin["calls"]) >= 3, lin["calls"]
-    _no_errors(log)
+    _compacting_run(url, log, rid, key, [*argv, "--yolo", "-p", "write answer.txt with the word done"], work, env,
+                    min_roots=3)
 
 
 def test_opencode_auto_compaction_starts_a_new_root_with_exact_rows(gateway, tmp_path):
@@ -249,13 +258,6 @@ def test_opencode_auto_compaction_starts_a_new_root_with_exact_rows(gateway, tmp
     cfg_path.write_text(json.dumps(cfg))
     env["PWD"] = str(work)
     task = "write answer.txt with the word done. " + "Keep the answer file to one word. " * 300
-    p = subprocess.run([*argv, "run", task], cwd=work, env=env,
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert p.returncode == 0, p.stderr[-500:]
-    assert (work / "answer.txt").read_text().strip() == "done"
-    assert SUMMARY in p.stdout  # it prints the compaction's summary
-    _finish(url, rid, key)
-    lin = _assert_rows_exact(url, log.parent / "ledger.db", rid, key)
     # its title request, the first step, the compaction request, the step after it: each a root
-    assert sum(c["root"] for c in lin["calls"]) >= 4, lin["calls"]
-    _no_errors(log)
+    p = _compacting_run(url, log, rid, key, [*argv, "run", task], work, env, min_roots=4)
+    assert SUMMARY in p.stdout  # it prints the compaction's summary
