@@ -353,16 +353,7 @@ class Gateway:
     async def _complete(self, session: RolloutSession, req: ChatRequest, key: str,
                         fut: asyncio.Future) -> Completion:
         await self._next_stage(session)  # the request's checks done; decide with the turn's other calls
-        index = self._index(session)
-        messages, images = req.messages, NO_IMAGES
-        vision = self.renderer.vision
-        if vision is not None:  # the request's images resolved once, here at the edge, before decide
-            from rowgrove.gateway.images import load_request_images
-
-            check_request(messages, req.tools, req.chat_template_kwargs)
-            messages, images = load_request_images(messages, folder=vision.folder, lookup=vision.lookup)
-        plan = decide(index, messages, self.renderer, tools=req.tools,
-                      options=req.chat_template_kwargs, images=images)
+        plan = self._plan(session, req)
         if plan.images and not getattr(self.engine, "takes_images", True):  # refused before the ledger
             raise BadRequest(f"the {getattr(self.engine, 'kind', 'configured')} engine does not pass images to its "
                              "server: serve a vision model with --engine sglang, hf or scripted", param="messages")
@@ -391,8 +382,8 @@ class Gateway:
             )
             if plan.images:
                 self._store_images(call.id, plan)
-            for kind in req.hosted_tools:
-                self.metrics.hosted_dropped.inc(kind)
+            for tool_type in req.hosted_tools:  # not `kind`: call_ended below reports the call's kind
+                self.metrics.hosted_dropped.inc(tool_type)
             body = await self._generate_and_commit(session, req, call, plan)
             status = "completed"
         except BaseException as e:
@@ -413,6 +404,11 @@ class Gateway:
         `session`: decided against the rollout's calls as a call is (a continuation counts its
         parent's exact tokens), rendered by the same path, with no generation and no ledger write
         (`POST .../v1/messages/count_tokens`). BadRequest as `complete` for what it refuses."""
+        return len(self._plan(session, req).full_prompt_ids)
+
+    def _plan(self, session: RolloutSession, req: ChatRequest):
+        """`decide` for `req` against the rollout's calls, the request's images resolved once, here
+        at the edge, before it."""
         messages, images = req.messages, NO_IMAGES
         vision = self.renderer.vision
         if vision is not None:
@@ -420,9 +416,8 @@ class Gateway:
 
             check_request(messages, req.tools, req.chat_template_kwargs)
             messages, images = load_request_images(messages, folder=vision.folder, lookup=vision.lookup)
-        plan = decide(self._index(session), messages, self.renderer, tools=req.tools,
+        return decide(self._index(session), messages, self.renderer, tools=req.tools,
                       options=req.chat_template_kwargs, images=images)
-        return len(plan.full_prompt_ids)
 
     def _check_callable(self, session: RolloutSession) -> None:
         if session.finished:
