@@ -39,13 +39,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 import orjson
 
 # check_generation lives in rowgrove.engines.base (every engine's answer is checked); kept importable here
 from rowgrove.engines.base import Generation, SamplingParams, check_generation, check_prompt
-from rowgrove.engines.http import Reply, ServerClient
+from rowgrove.engines.http import ConnectFailed, Reply, ServerClient, ServerDisconnected
 from rowgrove.engines.verify import Reference, WeightMirror, WeightSyncError, largest_difference, with_tied_head
 from rowgrove.engines.verify import sync_tolerance as resolve_tolerance
 from rowgrove.errors import BadRequest, EngineError, InputError, Unavailable
@@ -217,14 +216,14 @@ class RemoteEngine(ABC):
         except asyncio.CancelledError:
             await self._abort_quietly(url, rid)
             raise
-        except TimeoutError as e:  # aiohttp's read/connect timeouts (the gateway's own is a cancel)
+        except TimeoutError as e:  # the client's read/connect timeouts (the gateway's own is a cancel)
             await self._abort_quietly(url, rid)
             raise EngineError(f"{self.kind} server {url} timed out on request {rid} ({type(e).__name__}): "
                               "retry, or raise the engine timeout", timeout=True) from None
-        except aiohttp.ClientConnectorError as e:
+        except ConnectFailed as e:
             raise EngineError(f"cannot connect to the {self.kind} server {url} for request {rid} ({e.os_error or e}): "
                               "is the server running at that URL?") from None
-        except aiohttp.ClientError as e:
+        except (ServerDisconnected, OSError) as e:
             raise EngineError(f"{self.kind} server {url} failed on request {rid}: {type(e).__name__}: {e or 'connection lost'}"
                               " (is the server running at that URL?)") from None
         finally:
