@@ -333,6 +333,8 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
     own = [c["own_ms"] for c in calls]
     cpu = [c["cpu_ms"] for c in calls]
     late, late_cpu = statistics.median(own[-5:]), statistics.median(cpu[-5:])
+    # call 10 as the last calls are read: the median of the five calls around it (8-12)
+    cpu_10 = statistics.median(cpu[7:12]) if len(cpu) >= 12 else cpu[-1]
     return {
         "load_avg_1min": run["load_avg_1min"],
         "prompt_tokens_call_1": calls[0]["prompt_tokens"], "prompt_tokens_last": calls[-1]["prompt_tokens"],
@@ -344,6 +346,9 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
         "cpu_ms_call_1": round(cpu[0], 3),
         "cpu_ms_last_5": round(late_cpu, 3),
         "cpu_ratio_last_vs_call_1": round(late_cpu / cpu[0], 2),
+        "cpu_ms_call_10": round(cpu_10, 3),
+        "cpu_ratio_last_vs_call_10": round(late_cpu / cpu_10, 2),
+        "prompt_tokens_call_10": calls[min(9, len(calls) - 1)]["prompt_tokens"],
         "server_ms_last_5": round(statistics.median(c["server_ms"] for c in calls[-5:]), 3),
         "engine_ms_last_5": round(statistics.median(c["engine_ms"] for c in calls[-5:]), 3),
         "own_ms_by_call": [round(x, 3) for x in own],
@@ -392,7 +397,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           f"{s['own_ms_call_1']:.2f}, calls 2-6 {s['own_ms_calls_2_6']:.2f}, last 5 "
                           f"{s['own_ms_last_5']:.2f} (server {s['server_ms_last_5']:.2f} - engine "
                           f"{s['engine_ms_last_5']:.2f}), ratio {s['ratio_last_vs_call_1']:.2f}; CPU ms call 1 "
-                          f"{s['cpu_ms_call_1']:.2f}, last 5 {s['cpu_ms_last_5']:.2f}, ratio {s['cpu_ratio_last_vs_call_1']:.2f}; "
+                          f"{s['cpu_ms_call_1']:.2f}, calls 8-12 {s['cpu_ms_call_10']:.2f}, last 5 {s['cpu_ms_last_5']:.2f}, ratio to "
+                          f"call 1 {s['cpu_ratio_last_vs_call_1']:.2f}, to call 10 {s['cpu_ratio_last_vs_call_10']:.2f}; "
                           f"{s['prompt_tokens_last']} prompt tokens", flush=True)
         finally:
             engine.close()
@@ -407,6 +413,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for label, rs in runs.items():
         ratios = [r["ratio_last_vs_call_1"] for r in rs]
         cpu_ratios = [r["cpu_ratio_last_vs_call_1"] for r in rs]
+        cpu_ratios_10 = [r["cpu_ratio_last_vs_call_10"] for r in rs]
         result[label] = {
             "own_ms_call_1": round(statistics.median(r["own_ms_call_1"] for r in rs), 3),
             "own_ms_last_5": round(statistics.median(r["own_ms_last_5"] for r in rs), 3),
@@ -416,13 +423,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "cpu_ms_last_5": round(statistics.median(r["cpu_ms_last_5"] for r in rs), 3),
             "cpu_ratio_median": round(statistics.median(cpu_ratios), 2),
             "cpu_ratio_spread": [min(cpu_ratios), max(cpu_ratios)],
+            "cpu_ms_call_10": round(statistics.median(r["cpu_ms_call_10"] for r in rs), 3),
+            "cpu_ratio_vs_call_10_median": round(statistics.median(cpu_ratios_10), 2),
+            "cpu_ratio_vs_call_10_spread": [min(cpu_ratios_10), max(cpu_ratios_10)],
             "rounds": rs,
         }
         r = result[label]
         print(f"{label}: own ms call 1 {r['own_ms_call_1']}, calls {args.calls - 4}-{args.calls} {r['own_ms_last_5']}, "
               f"ratio median {r['ratio_median']} (rounds {min(ratios)}-{max(ratios)}); CPU ms call 1 "
               f"{r['cpu_ms_call_1']}, last 5 {r['cpu_ms_last_5']}, ratio median {r['cpu_ratio_median']} "
-              f"(rounds {min(cpu_ratios)}-{max(cpu_ratios)})")
+              f"(rounds {min(cpu_ratios)}-{max(cpu_ratios)}); against calls 8-12 ({r['cpu_ms_call_10']}) "
+              f"{r['cpu_ratio_vs_call_10_median']} (rounds {min(cpu_ratios_10)}-{max(cpu_ratios_10)})")
     if not args.quick:
         out = Path(args.out) if args.out else RESULTS
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,7 @@ class _Conn(asyncio.Protocol):
         self.complete = False
         self.error: BaseException | None = None
         self._framed = False  # the reply says where its body ends (a length, or chunks)
+        self._keep = False  # the server lets the connection carry another request
         self._name = b""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
@@ -116,6 +117,8 @@ class _Conn(asyncio.Protocol):
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        # read here: httptools answers should_keep_alive() rightly only inside its callbacks
+        self._keep = self.parser.should_keep_alive()
         self.complete = True
 
     # -- reading ------------------------------------------------------------------------------------
@@ -148,7 +151,7 @@ class _Conn(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self.complete and not self.lost and self.error is None and self.parser.should_keep_alive()
+        return self.complete and self._keep and not self.lost and self.error is None
 
 
 def _time_out(w: asyncio.Future) -> None:
@@ -176,6 +179,20 @@ class Reply:
             if c.complete:
                 return
             await c.wait(self._timeout)
+
+    async def _drain(self, within: float = 0.05) -> None:
+        """Read what is left of the body if it ends within `within` seconds (a stream's last
+        chunk follows its `[DONE]` at once), so that the connection is kept; else leave it to be
+        closed. Never raises: the reply is already whole."""
+        c = self._conn
+        try:
+            while True:
+                c.chunks.clear()
+                if c.complete:
+                    return
+                await c.wait(within)
+        except (TimeoutError, ServerDisconnected):
+            return
 
     async def aread(self) -> bytes:
         if self._body is None:
@@ -205,6 +222,7 @@ class Reply:
             data = line[5:].strip()
             if data == "[DONE]":
                 self.done = True
+                await self._drain()
                 return
             yield data.encode()
 
@@ -286,7 +304,7 @@ class ServerClient:
             if conn is None:
                 conn = await self._connect(key)
             conn._begin()
-            conn.transport.write(head + content)
+            conn.transport.writelines((head, content))  # no joined copy of a long prompt's body
             try:
                 while not conn.head_done:
                     await conn.wait(timeout)

@@ -300,16 +300,20 @@ class _Accumulator:
 def _token_ids(tokens: list[Any]) -> list[int]:
     """The sampled ids named by `logprobs.tokens` (`"token_id:N"` each, as
     `return_tokens_as_token_ids` makes vLLM write them); EngineError for anything else."""
-    out: list[int] = []
+    try:  # one comprehension for the usual answer; the loop below names the first bad token
+        if all(type(t) is str and t.startswith("token_id:") for t in tokens):
+            return [int(t[9:]) for t in tokens]
+    except ValueError:
+        pass
     for t in tokens:
         try:
             if not (isinstance(t, str) and t.startswith("token_id:")):
                 raise ValueError(t)
-            out.append(int(t[9:]))
+            int(t[9:])
         except ValueError:
             raise EngineError(f"the vllm server named a sampled token {t!r}, not 'token_id:N': it ignored "
                               "return_tokens_as_token_ids") from None
-    return out
+    return []  # pragma: no cover - a bad token is found above
 
 
 def _alternatives(alt: Any, k: int) -> list[tuple[int, float]]:
