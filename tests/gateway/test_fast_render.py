@@ -135,6 +135,29 @@ def test_strings_the_engines_strip_differently_decline():
     assert not plain({"role": "user", "content": "a\x1f"}) and plain({"role": "user", "content": "a b"})
 
 
+@given(st.lists(st.text(alphabet=st.sampled_from("ab \x1c\x1d\x1e\x1f\\u\"{}:01cdef"), max_size=12),
+                min_size=1, max_size=4))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_renderer_never_calls_a_message_plain_that_is_not(tokenizer, texts):
+    """`Renderer.prepare` reads a message's plainness off its JSON (escaped control characters),
+    not by walking the prepared dict: it may call a plain message odd (then the exact slow path
+    renders it), never an odd one plain, raw text and text decoded from tool-call arguments alike."""
+    import json
+
+    from rowgrove.gateway.core.render import Renderer
+
+    r = Renderer(tokenizer)
+    msgs = [{"role": "user", "content": texts[0]}]
+    for k, t in enumerate(texts[1:]):
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [{
+            "id": f"c{k}", "type": "function", "function": {"name": "f", "arguments": json.dumps({"a": t})}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{k}", "content": t})
+    for m in r.prepare(msgs):
+        if not plain(m):
+            assert not r._all_plain([m]), m
+    assert r._all_plain(r.prepare([{"role": "user", "content": "a b"}]))
+
+
 @pytest.mark.parametrize("name", sorted(MUST_BE_FAST))
 def test_the_templates_rowgrove_relies_on_take_the_fast_path(name, tokenizer):
     special = dict(tokenizer.special_tokens_map)
