@@ -60,8 +60,8 @@ def _reset(server):
 
 @pytest.fixture(scope="module")
 def engines(server):
-    return {True: make_engine("vllm", "tiny", url=server.url),
-            False: make_engine("vllm", "tiny", url=server.url, stream=False)}
+    return {True: make_engine("vllm", "tiny", url=server.url, stream=True),
+            False: make_engine("vllm", "tiny", url=server.url)}
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def make_engine(kind: str, model_spec: str, *, device: str = "cpu", **kw: Any) -
     request), `api_key`, `sync_dir` (a folder the servers can read, for `update_weights` with a
     state dict), `sync_tolerance` (the largest probe logprob difference accepted after a weight sync,
     default $ROWGROVE_SYNC_TOLERANCE or 1e-3; see rowgrove.engines.verify), `served_model` (the model name the server was started with; default: the one it serves), `stream` (read the
-    server's answer as a stream, default True), `check` (default True: refuse a server that does
+    server's answer as a stream: default False for vllm, one body per answer, True for sglang), `check` (default True: refuse a server that does
     not serve this model folder's tokenizer), and per server: `pause_mode` (vllm: "keep" | "wait"
     | "abort", how a weight update pauses generation) and `incremental` (sglang: the server's
     streaming form, None = read it from /server_info)."""

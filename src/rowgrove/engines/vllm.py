@@ -20,7 +20,7 @@ temperature/top_p/top_k from generation_config.json); `skip_special_tokens: fals
 `include_stop_str_in_output: true` (the ids are the truth either way; text only for logs);
 `stop_token_ids` = the model folder's stop ids plus the request's; `X-Request-Id` = the call id.
 
-Streamed chunks carry deltas of `logprobs` (vllm/entrypoints/openai/completion/
+With `stream=True`, streamed chunks carry deltas of `logprobs` (vllm/entrypoints/openai/completion/
 serving.py, completion_stream_generator); the chunk with the last delta carries `finish_reason`
 ("stop" | "length" | "abort"); errors after the 200 arrive as `data: {"error": {...}}`.
 
@@ -50,14 +50,19 @@ from rowgrove.errors import EngineError
 class VLLMEngine(RemoteEngine):
     """Engine over one or more vLLM servers (see the module docstring).
 
-    `stream`: read each answer as a server-sent event stream (default) or as one JSON body.
+    `stream`: read each answer as one JSON body (default) or as a server-sent event stream. One
+    body, because vLLM streams a chunk per engine step (a token, for one request): each chunk is a
+    line to split and a JSON object to parse on the gateway and to write on vLLM's API server, for
+    nothing the gateway uses, since it answers its caller once the generation is whole; a stream
+    gains nothing on time-outs either (the engine's read timeout is the gateway's engine timeout,
+    which bounds the whole call). Closing the connection aborts either (vLLM's with_cancellation).
     `pause_mode`: how `update_weights` pauses generation while weights load ("keep": requests in
     flight freeze and continue with the new weights; "wait": they finish first; "abort").
     """
 
     kind = "vllm"
 
-    def __init__(self, model: str, urls: Any, *, stream: bool = True, pause_mode: str = "keep", **kw: Any):
+    def __init__(self, model: str, urls: Any, *, stream: bool = False, pause_mode: str = "keep", **kw: Any):
         super().__init__(model, urls, **kw)
         if pause_mode not in ("keep", "wait", "abort"):
             raise EngineError(f"pause_mode {pause_mode!r}: use keep, wait or abort")
