@@ -117,7 +117,7 @@ from rllm_model_gateway.server import create_app
 port, up, tmp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 # as its CLI's main() builds it (`--worker URL --db-path PATH`), SQLite store, defaults otherwise
 cfg = GatewayConfig(host="127.0.0.1", port=port, workers=[{"url": up + "/v1", "worker_id": "0"}],
-                    db_path=tmp + "/rllm.db", log_level="WARNING")
+                    db_path=tmp + "/loop-rllm.db", log_level="WARNING")
 uvicorn.run(create_app(cfg), host="127.0.0.1", port=port, log_level="warning")
 """
 
@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             up_url = f"http://127.0.0.1:{upstream.port}"
             servers["rowgrove"] = Server(
                 [sys.executable, "-m", "rowgrove", "serve", "--engine", "vllm", "--engine-url", up_url, "--model", folder,
-                 "--served-model-name", MODEL, "--ledger", f"{tmp}/rowgrove.db", "--port", "{port}",
+                 "--served-model-name", MODEL, "--ledger", f"{tmp}/loop-rowgrove.db", "--port", "{port}",
                  "--max-body-bytes", str(64 << 20), "--log-level", "warning"],
                 "/health", dict(env, PYTHONPATH=str(ROOT / "src")), tmpd / "rowgrove.log")
             for p in available:
@@ -676,6 +676,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           f"load {os.getloadavg()[0]:.2f}", flush=True)
 
             deployed = bdp.measure({"rowgrove": None}, tmp, rounds, c1_convs, c32, extra=one_round)["rowgrove"]
+            calls_made = CALLS * (1 + rounds * (c1_convs + c32))
+            stored = {name: _stored_bytes(tmpd, name) for name in servers}
+            rss = {name: _rss_mb(s.pids) for name, s in servers.items()}
+            procs = {name: len(s.pids) for name, s in servers.items()}
         finally:
             for s in servers.values():
                 s.close()
@@ -698,15 +702,61 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "server_p95_ms": _r(bdp._pct([m for x in floor[c] for m in x[2]], 95)),
             "rounds_cpu_ms_per_call": [_r(x[0]) for x in floor[c]]} for c in ("c1", "c32")},
         "rowgrove_deployed_measure": deployed,
-        "variants": {name: summarize(rs) for name, rs in rec.items()},
+        "variants": {name: {**summarize(rs), "stored_bytes_per_call": None if stored[name] is None else
+                            round(stored[name] / calls_made), "rss_mb_at_end": rss[name],
+                            "processes_counted": procs[name]} for name, rs in rec.items()},
+        "calls_per_variant": calls_made,
         "quick": args.quick,
     }
-    print(json.dumps({k: result[k] for k in ("rowgrove_null_engine", "variants")}, indent=1))
     if not args.quick:
         out = Path(args.out) if args.out else RESULTS
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {out}")
+    print("\n".join(table(result)))
     return result
+
+
+LABELS = {"rowgrove": "rowgrove `--engine vllm` (this loop)", "rllm": "rllm-model-gateway", "agentlightning":
+          "agent-lightning LLM proxy", "nemo-gym": "NeMo Gym vllm_model", "verifiers": "verifiers interception"}
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The docs' table: per variant c=1 added p50 / p95 ms, CPU ms/call c=1, req/s c=32, CPU
+    ms/call c=32, and the upstream's CPU ms/call at c=1 / c=32."""
+    rows = ["| | c=1 added p50 / p95 ms | CPU ms/call c=1 | c=32 req/s | CPU ms/call c=32 | upstream CPU ms/call c=1 / c=32 |",
+            "|---|---|---|---|---|---|"]
+    n = result["rowgrove_null_engine"]
+    rows.append(f"| rowgrove null engine (Server-Timing) | {n['c1']['server_p50_ms']:.2f} / {n['c1']['server_p95_ms']:.2f} | "
+                f"{n['c1']['cpu_ms_per_call']:.2f} | {n['c32']['req_per_s']} | {n['c32']['cpu_ms_per_call']:.2f} | - |")
+    d = result["rowgrove_deployed_measure"]
+    rows.append(f"| rowgrove `--engine vllm`, bench_deployed.measure (Server-Timing − stand-in) | "
+                f"{d['c1']['added_p50_ms']:.2f} / {d['c1']['added_p95_ms']:.2f} | {d['c1']['gateway_cpu_ms_per_call']:.2f} | "
+                f"{d['c32']['req_per_s']} | {d['c32']['gateway_cpu_ms_per_call']:.2f} | "
+                f"{d['c1']['standin_cpu_ms_per_call']:.2f} / {d['c32']['standin_cpu_ms_per_call']:.2f} |")
+    for name, v in result["variants"].items():
+        rows.append(f"| {LABELS.get(name, name)} | {v['c1']['added_p50_ms']:.2f} / {v['c1']['added_p95_ms']:.2f} | "
+                    f"{v['c1']['cpu_ms_per_call']:.2f} | {v['c32']['req_per_s']} | {v['c32']['cpu_ms_per_call']:.2f} | "
+                    f"{v['c1']['upstream_cpu_ms_per_call']:.2f} / {v['c32']['upstream_cpu_ms_per_call']:.2f} |")
+    return rows
+
+
+def _rss_mb(pids: list[int]) -> float:
+    """Resident memory (MB) of the processes, summed, at the end of the run."""
+    total = 0
+    for pid in pids:
+        try:
+            line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("VmRSS:"))
+            total += int(line.split()[1])
+        except (OSError, StopIteration):
+            pass
+    return round(total / 1024, 1)
+
+
+def _stored_bytes(tmp: Path, name: str) -> int | None:
+    """Bytes on disk of the variant's own store (its SQLite file and journals); None: it keeps
+    no file (memory only, or nothing)."""
+    files = list(tmp.glob(f"loop-{name}.db*"))
+    return sum(f.stat().st_size for f in files) if files else None
 
 
 async def _register_agl(port: int, up_url: str) -> None:
