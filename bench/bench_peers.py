@@ -324,8 +324,8 @@ def serve_upstream(port: int, folder: str) -> None:
                             Mount("/", standin)])
 
     async def timed(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"].startswith("/_bench/"):
-            return await app(scope, receive, send)
+        if scope["type"] != "http" or scope["path"].startswith("/_bench/") or scope["path"] == "/health":
+            return await app(scope, receive, send)  # /health: rllm's background probe, part of no call
         t0 = time.perf_counter()
 
         async def timed_send(message: dict[str, Any]) -> None:
