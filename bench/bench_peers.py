@@ -661,7 +661,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             asyncio.run(bg.drive(null.port, 4, 4, 2))  # the floor's warm-up, as bench_gateway's
             names = list(servers)
 
+            round_loads: list[float] = []
+
             def one_round(r: int) -> None:
+                round_loads.append(round(os.getloadavg()[0], 2))
                 for c, convs, conc in (("c1", c1_convs, 1), ("c32", c32, c32)):  # bench_gateway's null_round
                     n0 = bl.cpu_ns(null.proc.pid)
                     res = asyncio.run(bg.drive(null.port, convs, conc, CALLS))
@@ -690,7 +693,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "command": " ".join(["bench/bench_peers.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_avg_start": [round(x, 2) for x in load_start], "load_avg_end": [round(x, 2) for x in load_end]},
+                    "load_avg_start": [round(x, 2) for x in load_start], "load_avg_end": [round(x, 2) for x in load_end],
+                    "load_avg_1min_each_round": round_loads},
         "rounds": rounds, "calls_per_conversation": CALLS,
         "conversations": {"c1": f"{c1_convs} one after the other", "c32": f"{c32} at once"},
         "upstream": "this file's vLLM-shaped upstream on tiny Qwen3 with Qwen3's real tokenizer (instant, one tool call)",
