@@ -351,8 +351,8 @@ class Server:
         self.log = log
         LOGS[Path(log).stem] = log
         with open(log, "wb") as f:
-            self.proc = subprocess.Popen([c.replace("{port}", str(self.port)) for c in cmd], env=env,
-                                         stdout=f, stderr=subprocess.STDOUT)
+            cmd = [c.replace("{port}", str(self.port)) for c in cmd]
+            self.proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while True:
             try:
@@ -649,8 +649,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 script = tmpd / f"launch_{p.name.replace('-', '_')}.py"
                 script.write_text(p.launcher)
                 peer_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-                servers[p.name] = Server([str(venvs / p.name / "bin" / "python"), str(script), "{port}", up_url, tmp,
-                                          folder, MODEL], p.ready, peer_env, tmpd / f"{p.name}.log")
+                try:
+                    servers[p.name] = Server([str(venvs / p.name / "bin" / "python"), str(script), "{port}", up_url,
+                                              tmp, folder, MODEL], p.ready, peer_env, tmpd / f"{p.name}.log")
+                except RuntimeError as e:  # a broken install: say so, measure the rest
+                    skipped[p.name] = f"did not start: {str(e)[-500:]}"
+                    print(f"{p.name}: {skipped[p.name]}", flush=True)
             if "agentlightning" in servers:
                 conn_port = servers["agentlightning"].port
                 asyncio.run(_register_agl(conn_port, up_url))
