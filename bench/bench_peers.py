@@ -35,13 +35,13 @@ peer that calls the upstream twice per call (NeMo Gym's /tokenize) is charged bo
         prompt_token_ids when return_token_ids; return_tokens_as_token_ids: "token_id:<id>" tokens)
 
 Per round and variant: c=1, four conversations one after the other (the proxy's CPU read around each
-call, all threads of its process and of any child processes alive at start; median per call); c=32,
+call, all threads of its process and of any child processes alive after its warm-up; median per call); c=32,
 32 conversations at once (CPU over the burst / calls, and requests/s); the upstream's CPU per call
 beside. Each conversation's session is set up as the peer's docs say (outside the timed calls):
 rowgrove POST /v1/rollouts; rllm POST /sessions (URL /sessions/{id}/v1); agentlightning POST
 /api/rollouts (URL /proxy/rollout/{id}/attempt/{a}/mode/train/openai/v1); verifiers a RolloutSession
 registered on the server (its Bearer secret); NeMo Gym its session cookie. All proxies log at
-warning level (rowgrove's default); each runs from its own venv's python, as a user would.
+warning level (as bench_deployed runs rowgrove); each runs from its own venv's python, as a user would.
 
 The peers are installed outside the repository, one venv each, under --venvs (default $ROWGROVE_PEERS
 or /work/peers); none pulls torch (checked with `pip install --dry-run`):
