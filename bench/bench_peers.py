@@ -601,6 +601,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="one round, fewer conversations (writes nothing)")
     ap.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {','.join(PEERS)}")
     ap.add_argument("--venvs", default=os.environ.get("ROWGROVE_PEERS", "/work/peers"))
+    ap.add_argument("--long-calls", type=int, default=200,
+                    help="then one long conversation of this many calls on the deployed path (0: none)")
+    ap.add_argument("--long-conversations", type=int, default=3, help="long conversations measured (median per call)")
     ap.add_argument("--out", default=None, help=f"default {RESULTS.relative_to(ROOT)}")
     ap.add_argument("--serve-upstream", nargs=2, metavar=("PORT", "FOLDER"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -683,6 +686,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           f"load {os.getloadavg()[0]:.2f}", flush=True)
 
             deployed = bdp.measure({"rowgrove": None}, tmp, rounds, c1_convs, c32, extra=one_round)["rowgrove"]
+            long_run = long_conversation(tmpd, 40 if args.quick else args.long_calls,
+                                         1 if args.quick else args.long_conversations)
             calls_made = CALLS * (1 + rounds * (c1_convs + c32))
             stored = {name: _stored_bytes(tmpd, name) for name in servers}
             rss = {name: _rss_mb(s.pids) for name, s in servers.items()}
@@ -710,6 +715,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "server_p95_ms": _r(bdp._pct([m for x in floor[c] for m in x[2]], 95)),
             "rounds_cpu_ms_per_call": [_r(x[0]) for x in floor[c]]} for c in ("c1", "c32")},
         "rowgrove_deployed_measure": deployed,
+        "rowgrove_long_conversation": long_run,
         "variants": {name: {**summarize(rs), "stored_bytes_per_call": None if stored[name] is None else
                             round(stored[name] / calls_made), "rss_mb_at_end": rss[name],
                             "processes_counted": procs[name]} for name, rs in rec.items()},
@@ -722,6 +728,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"wrote {out}")
     print("\n".join(table(result)))
     return result
+
+
+def long_conversation(tmp: Path, calls: int, conversations: int) -> dict[str, Any] | None:
+    """The deployed path along one long conversation, in the same run as the rounds:
+    bench_long_conversation's `one_run` (a fresh `rowgrove serve --engine vllm` of this tree in
+    front of its instant stand-in, tiny Qwen3 on Qwen3's real tokenizer, `calls` calls per
+    conversation, `conversations` measured, the median per call) and its `summary`: the gateway's
+    CPU per call at calls 196-200 against calls 8-12 and call 1. None with `calls` 0."""
+    if calls <= 0:
+        return None
+    folder = bl.long_model(tmp / "long", "qwen3")
+    port = bl._free_port()
+    engine = bl.Proc([sys.executable, bl.__file__, "--serve-engine", str(port), folder], port, bl._env(None))
+    try:
+        s = bl.summary(bl.one_run(str(ROOT / "src"), folder, engine, str(tmp / "long.db"), calls, conversations))
+    finally:
+        engine.close()
+    print(f"long conversation ({calls} calls, {s['prompt_tokens_last']} prompt tokens at the last): CPU ms call 1 "
+          f"{s['cpu_ms_call_1']:.2f}, calls 8-12 {s['cpu_ms_call_10']:.2f}, last 5 {s['cpu_ms_last_5']:.2f}: "
+          f"{s['cpu_ratio_last_vs_call_10']:.2f}x calls 8-12", flush=True)
+    return {"calls": calls, "conversations": conversations, **s}
 
 
 LABELS = {"rowgrove": "rowgrove `--engine vllm` (this loop)", "rllm": "rllm-model-gateway", "agentlightning":
