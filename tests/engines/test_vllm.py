@@ -220,6 +220,24 @@ def test_tokenize_detokenize_models_health_version(server):
     assert httpx.post(f"{server.url}/v1/nothing-here").json() == {"detail": "Not Found"}
 
 
+def test_tokenize_takes_messages_as_vllm_parses_them(server):
+    """vLLM's chat parsing hands the template an assistant tool-call turn's `content: null` as ""
+    and its arguments decoded (vllm/entrypoints/chat_utils.py), where transformers'
+    apply_chat_template would raise on the null: the stand-in's /tokenize answers it, with the
+    ids of that parsed form, as vLLM does."""
+    from rowgrove.gateway.core.preprocess import detect_content_format, engine_messages
+
+    msgs = [{"role": "user", "content": "read it"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "x = 1"}]
+    r = httpx.post(f"{server.url}/tokenize", json={"messages": msgs})
+    assert r.status_code == 200, r.text
+    parsed = engine_messages(msgs, detect_content_format(TOK.chat_template))
+    text = TOK.apply_chat_template(parsed, add_generation_prompt=True, tokenize=False)
+    assert r.json()["tokens"] == TOK.encode(text, add_special_tokens=False)
+
+
 def test_pause_keep_freezes_requests_until_resume(server):
     server.state.segment_delay = 0.05
 

@@ -159,8 +159,13 @@ class VLLMStandin(CompletionParsing, CompletionOutput, DevRoutes):
                 if gen_prompt and cont:
                     return error_response("Cannot set both `continue_final_message` and `add_generation_prompt` "
                                           "to True.")
+                # as vLLM's chat parsing hands them to the template (vllm/entrypoints/chat_utils.py:
+                # content null -> "", tool-call arguments decoded), which rowgrove's preprocess models
+                from rowgrove.gateway.core.preprocess import detect_content_format, engine_messages
+
+                messages = engine_messages(body["messages"], detect_content_format(self.tokenizer.chat_template or ""))
                 text = self.tokenizer.apply_chat_template(
-                    body["messages"], tools=body.get("tools"), add_generation_prompt=gen_prompt,
+                    messages, tools=body.get("tools"), add_generation_prompt=gen_prompt,
                     continue_final_message=cont, tokenize=False, chat_template=body.get("chat_template"),
                     **(body.get("chat_template_kwargs") or {}))
                 ids = list(self.tokenizer.encode(text, add_special_tokens=bool(body.get("add_special_tokens", False))))
