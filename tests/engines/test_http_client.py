@@ -802,3 +802,38 @@ def test_against_uvicorn_and_starlette():
             sock.close()
 
     run(main(), limit=10)
+
+
+def test_ipv6_loopback_host_header_is_bracketed():
+    """An engine URL on an IPv6 address (http://[::1]:PORT) connects, and its Host header names the
+    address in brackets, as RFC 9110 writes it."""
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+    seen: list[bytes] = []
+
+    async def main() -> int:
+        async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            head = await r.readuntil(b"\r\n\r\n")
+            seen.append(head)
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await w.drain()
+            w.close()
+
+        try:
+            server = await asyncio.start_server(handle, "::1", 0)
+        except OSError:
+            pytest.skip("no IPv6 loopback on this host")
+        port = server.sockets[0].getsockname()[1]
+        client = ServerClient(read_timeout=2.0, connect_timeout=2.0, headers={})
+        try:
+            async with client.stream("POST", f"http://[::1]:{port}/x", content=b"{}", headers={}) as r:
+                assert await r.aread() == b"ok"
+                return r.status_code
+        finally:
+            await client.aclose()
+            server.close()
+
+    assert asyncio.run(main()) == 200
+    assert b"Host: [::1]:" in seen[0]

@@ -293,7 +293,8 @@ class ServerClient:
         if self._closed:
             raise ServerDisconnected("the client is closed")
         key, target = self._target(url)
-        host = key[1] if key[2] in (80, 443) else f"{key[1]}:{key[2]}"
+        name = f"[{key[1]}]" if ":" in key[1] else key[1]  # an IPv6 address is bracketed in Host
+        host = name if key[2] == (443 if key[0] == "https" else 80) else f"{name}:{key[2]}"
         head = (f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n{self._extra}"
                 + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
                 + f"Content-Length: {len(content)}\r\n\r\n").encode("latin-1")
