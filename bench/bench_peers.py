@@ -229,6 +229,7 @@ def serve_upstream(port: int, folder: str) -> None:
     from starlette.responses import Response
     from starlette.routing import Mount, Route
 
+    from rowgrove.gateway.core.preprocess import detect_content_format, engine_messages
     from rowgrove.model.load import end_of_turn_id, load_tokenizer
     from rowgrove.standins.common import StandinState
     from rowgrove.standins.vllm import create_app
@@ -236,6 +237,9 @@ def serve_upstream(port: int, folder: str) -> None:
 
     tok = load_tokenizer(folder)
     eot = end_of_turn_id(tok)
+    # the messages as vLLM's chat parsing hands them to the template (content null as "",
+    # tool-call arguments decoded): rowgrove's model of it, which the stand-in's /tokenize uses too
+    content_format = detect_content_format(tok.chat_template or "")
     state = StandinState()
     state.requests = bl._Drop()  # type: ignore[assignment]
     standin = create_app(bl.InstantToolEngine(tok), folder, state, segment=1 << 20, max_model_len=bl.CONTEXT,
@@ -257,21 +261,9 @@ def serve_upstream(port: int, folder: str) -> None:
             content.append({"token": token, "logprob": 0.0, "bytes": list(token.encode()), "top_logprobs": []})
         return {"content": content}
 
-    def vllm_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        # vLLM's chat_utils parsing before the template: content None -> "" (string content
-        # format), tool-call arguments JSON-decoded (_postprocess_messages)
-        out = []
-        for m in messages:
-            m = {**m, "content": m.get("content") or ""}
-            if m.get("tool_calls"):
-                m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                                   if isinstance(c["function"].get("arguments"), str) else c for c in m["tool_calls"]]
-            out.append(m)
-        return out
-
     async def chat(request: Request) -> Response:
         body = orjson.loads(await request.body())
-        text = tok.apply_chat_template(vllm_messages(body["messages"]), tools=body.get("tools"), tokenize=False,
+        text = tok.apply_chat_template(engine_messages(body["messages"], content_format), tools=body.get("tools"), tokenize=False,
                                        add_generation_prompt=body.get("add_generation_prompt", True),
                                        continue_final_message=body.get("continue_final_message", False),
                                        **(body.get("chat_template_kwargs") or {}))
@@ -292,21 +284,6 @@ def serve_upstream(port: int, folder: str) -> None:
                "kv_transfer_params": None}
         return Response(orjson.dumps(out), media_type="application/json")
 
-    async def tokenize(request: Request) -> Response:
-        # the stand-in's /tokenize (vLLM's TP shape), its chat form parsed first as vLLM parses it
-        body = orjson.loads(await request.body())
-        if body.get("messages") is not None:
-            text = tok.apply_chat_template(vllm_messages(body["messages"]), tools=body.get("tools"), tokenize=False,
-                                           add_generation_prompt=body.get("add_generation_prompt", True),
-                                           continue_final_message=body.get("continue_final_message", False),
-                                           **(body.get("chat_template_kwargs") or {}))
-            ids = list(tok.encode(text, add_special_tokens=bool(body.get("add_special_tokens", False))))
-        else:
-            ids = list(tok.encode(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True))))
-        strs = tok.convert_ids_to_tokens(ids) if body.get("return_token_strs") else None
-        return Response(orjson.dumps({"count": len(ids), "max_model_len": bl.CONTEXT, "tokens": ids, "token_strs": strs}),
-                        media_type="application/json")
-
     async def generate(request: Request) -> Response:
         # vLLM's token-in /inference/v1/generate, as renderers.client.generate reads it
         body = orjson.loads(await request.body())
@@ -323,7 +300,6 @@ def serve_upstream(port: int, folder: str) -> None:
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                             Route("/inference/v1/generate", generate, methods=["POST"]),
-                            Route("/tokenize", tokenize, methods=["POST"]),
                             Route("/_bench/spans", read_spans, methods=["GET"]),
                             Mount("/", standin)])
 
@@ -695,7 +671,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           f"load {os.getloadavg()[0]:.2f}", flush=True)
 
             deployed = bdp.measure({"rowgrove": None}, tmp, rounds, c1_convs, c32, extra=one_round)["rowgrove"]
-            long_run = long_conversation(tmpd, 40 if args.quick else args.long_calls,
+            long_run = long_conversation(tmpd, min(40, args.long_calls) if args.quick else args.long_calls,
                                          1 if args.quick else args.long_conversations)
             calls_made = CALLS * (1 + rounds * (c1_convs + c32))
             stored = {name: _stored_bytes(tmpd, name) for name in servers}

@@ -44,7 +44,7 @@ import orjson
 
 # check_generation lives in rowgrove.engines.base (every engine's answer is checked); kept importable here
 from rowgrove.engines.base import Generation, SamplingParams, check_generation, check_prompt
-from rowgrove.engines.http import ConnectFailed, Reply, ServerClient, ServerDisconnected
+from rowgrove.engines.http import ConnectFailed, Reply, ServerClient
 from rowgrove.engines.verify import Reference, WeightMirror, WeightSyncError, largest_difference, with_tied_head
 from rowgrove.engines.verify import sync_tolerance as resolve_tolerance
 from rowgrove.errors import BadRequest, EngineError, InputError, Unavailable
@@ -223,7 +223,7 @@ class RemoteEngine(ABC):
         except ConnectFailed as e:
             raise EngineError(f"cannot connect to the {self.kind} server {url} for request {rid} ({e.os_error or e}): "
                               "is the server running at that URL?") from None
-        except (ServerDisconnected, OSError) as e:
+        except OSError as e:  # ServerDisconnected (a ConnectionError) and socket errors
             raise EngineError(f"{self.kind} server {url} failed on request {rid}: {type(e).__name__}: {e or 'connection lost'}"
                               " (is the server running at that URL?)") from None
         finally:

@@ -305,20 +305,24 @@ class _Accumulator:
 def _token_ids(tokens: list[Any]) -> list[int]:
     """The sampled ids named by `logprobs.tokens` (`"token_id:N"` each, as
     `return_tokens_as_token_ids` makes vLLM write them); EngineError for anything else."""
-    try:  # one comprehension for the usual answer; the loop below names the first bad token
-        if all(type(t) is str and t.startswith("token_id:") for t in tokens):
+    try:  # one comprehension for the usual answer
+        if all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
             return [int(t[9:]) for t in tokens]
     except ValueError:
         pass
-    for t in tokens:
-        try:
-            if not (isinstance(t, str) and t.startswith("token_id:")):
-                raise ValueError(t)
-            int(t[9:])
-        except ValueError:
-            raise EngineError(f"the vllm server named a sampled token {t!r}, not 'token_id:N': it ignored "
-                              "return_tokens_as_token_ids") from None
-    return []  # pragma: no cover - a bad token is found above
+    bad = next(t for t in tokens if not _names_id(t))
+    raise EngineError(f"the vllm server named a sampled token {bad!r}, not 'token_id:N': it ignored "
+                      "return_tokens_as_token_ids")
+
+
+def _names_id(t: Any) -> bool:
+    if not (isinstance(t, str) and t.startswith("token_id:")):
+        return False
+    try:
+        int(t[9:])
+    except ValueError:
+        return False
+    return True
 
 
 def _alternatives(alt: Any, k: int) -> list[tuple[int, float]]:
