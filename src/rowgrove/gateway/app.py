@@ -53,6 +53,7 @@ from rowgrove.errors import BadRequest
 from rowgrove.gateway import control
 from rowgrove.gateway.dialects import anthropic_api, responses_api
 from rowgrove.gateway.dialects.canonical import canonical_finish
+from rowgrove.gateway.dialects.growing import GrowingBody
 from rowgrove.gateway.dialects.openai_format import (
     ChatRequest,
     error_body,
@@ -104,8 +105,9 @@ async def _read_json(request: Request, gw: Gateway) -> Any:
     return (await _read_body(request, gw))[1]
 
 
-async def _read_body(request: Request, gw: Gateway) -> tuple[bytes, Any]:
-    """(the body's bytes, the decoded JSON body). Refused: more than `max_body_bytes` (413, before and while reading),
+async def _read_body(request: Request, gw: Gateway, growing: GrowingBody | None = None) -> tuple[bytes, Any]:
+    """(the body's bytes, the decoded JSON body; with `growing`, the rollout's bodies of this route,
+    decoded by what each adds: `dialects.growing`). Refused: more than `max_body_bytes` (413, before and while reading),
     a body still arriving after `body_timeout` seconds (408), a read begun while
     `max_open_uploads` other bodies are still arriving (503), malformed JSON and JSON nested
     deeper than `max_json_depth` (400). ClientGone when the connection breaks mid-body."""
@@ -148,6 +150,8 @@ async def _read_body(request: Request, gw: Gateway) -> tuple[bytes, Any]:
         finally:
             gw.open_uploads -= 1
     raw = parts[0] if len(parts) == 1 else b"".join(parts)
+    if growing is not None:
+        return raw, growing.load(raw, cfg.max_json_depth)
     return raw, load_json(raw, cfg.max_json_depth)
 
 
@@ -335,7 +339,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
     async def chat_completions(request: Request) -> Response:
         t0 = time.perf_counter()
         s = call_session(request)
-        raw, body = await _read_body(request, gw)
+        raw, body = await _read_body(request, gw, s.growing_body("chat_completions", "messages"))
         req = parse_chat_request(body, default_max_tokens=gw.settings.default_max_tokens)
 
         def answer(done: Completion) -> tuple[list[bytes], bool]:
@@ -348,7 +352,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
     async def responses(request: Request) -> Response:
         t0 = time.perf_counter()
         s = call_session(request)
-        raw, body = await _read_body(request, gw)
+        raw, body = await _read_body(request, gw, s.growing_body("responses", "input"))
         call = responses_api.parse_responses_request(
             body, default_max_tokens=gw.settings.default_max_tokens, memo=s.checked,
             refuse_hosted=gw.settings.hosted_tools == "refuse",
@@ -368,7 +372,7 @@ def create_app(engine: Engine, ledger: Ledger, *, settings: GatewaySettings | No
     async def messages(request: Request) -> Response:
         t0 = time.perf_counter()
         s = call_session(request)
-        raw, body = await _read_body(request, gw)
+        raw, body = await _read_body(request, gw, s.growing_body("messages", "messages"))
         req, chat = anthropic_api.parse_messages_request(body, default_max_tokens=gw.settings.default_max_tokens,
                                                          refuse_hosted=gw.settings.hosted_tools == "refuse",
                                                          memo=s.checked)

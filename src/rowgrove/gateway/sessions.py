@@ -57,6 +57,7 @@ from rowgrove.gateway.core.decide import (
     response_message,
     summary_hashes,
 )
+from rowgrove.gateway.dialects.growing import GrowingBody
 from rowgrove.gateway.dialects.openai_format import (
     ChatRequest,
     TokenText,
@@ -122,6 +123,15 @@ class RolloutSession:
     checked: dict[bytes, Any] = field(default_factory=dict)
     # the retry keys of its request bodies (`request_key`), each hashed from a recent body's state
     body_keys: PrefixHasher = field(default_factory=PrefixHasher)
+    # per route, its request bodies decoded by what each adds to the last (`dialects.growing`)
+    growing: dict[str, GrowingBody] = field(default_factory=dict)
+
+    def growing_body(self, route: str, key: str) -> GrowingBody:
+        """The `GrowingBody` of this rollout's bodies on `route`, whose array `key` grows."""
+        g = self.growing.get(route)
+        if g is None:
+            g = self.growing[route] = GrowingBody(key)
+        return g
 
     def request_key(self, raw: bytes) -> str:
         """`openai_format.request_key(raw)` for a request body of this rollout, hashing only what

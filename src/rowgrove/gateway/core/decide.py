@@ -46,6 +46,7 @@ import orjson
 from rowgrove.errors import BadRequest, RowgroveError
 from rowgrove.gateway.core.messages import (
     NO_IMAGES,
+    Kept,
     RequestImages,
     _check_message,
     response_message,
@@ -165,6 +166,7 @@ class RolloutIndex:
         self._memo: dict[tuple[Any, bytes], tuple[bytes, int]] = {}
         self._states = itertools.count(1)
         self._snapshots: list[_Snapshot] = []
+        self._last: tuple[bytes, Sequence[Any], tuple[bytes, ...], tuple[Any, ...]] | None = None  # the latest `chain`
         # calls whose request carried images: image-blind summary -> call ids, and each one's
         # image places (message, part, pixel digest): the kept-image check
         self._by_blind: dict[str, list[str]] = {}
@@ -419,17 +421,27 @@ class RolloutIndex:
           list: one C-speed dumps and a memcmp, no per-message Python work for the prefix);
         - per message, keyed by (raw prefix identity, the message's bytes), for branches and
           retries that share a prefix with an older request.
-        Only the remaining new messages are canonicalized and checked."""
+        Only the remaining new messages are canonicalized and checked. Messages the edge decoded
+        as the very objects of this index's previous request (`messages.Kept`) reuse its hashes
+        without even that dumps."""
         memo = self._memo
         out: list[bytes] = []
         states: list[Any] = []
         h = h0
         state: Any = h0  # identity of the raw prefix so far
         start = 0
-        try:
-            blob: bytes | None = orjson.dumps(messages)
-        except (orjson.JSONEncodeError, TypeError):
-            blob = None
+        last = self._last
+        blob: bytes | None = None
+        if type(messages) is Kept and last is not None and messages.source is last[1] and last[0] == h0 \
+                and min(messages.kept, len(last[2])) > 0:
+            start = min(messages.kept, len(last[2]), len(messages))
+            out, states = list(last[2][:start]), list(last[3][:start])
+            h, state = out[-1], states[-1]
+        else:
+            try:
+                blob = orjson.dumps(messages)
+            except (orjson.JSONEncodeError, TypeError):
+                blob = None
         if blob is not None:
             for snap in self._snapshots:
                 if snap.h0 == h0 and start < snap.n <= len(messages) and (
@@ -455,6 +467,7 @@ class RolloutIndex:
             out.append(h)
             states.append(state)
         self.last_states = states
+        self._last = (h0, messages, tuple(out), tuple(states))
         if blob is not None and start < len(messages):
             self._snapshots.insert(0, _Snapshot(h0, blob, len(messages), tuple(out), tuple(states)))
             del self._snapshots[SNAPSHOTS:]

@@ -16,6 +16,23 @@ if TYPE_CHECKING:
     from rowgrove.toolcalls import ParsedMessage
 
 
+# -- messages the edge decoded by what they add to the last request ---------------------------------
+
+
+class Kept(list):
+    """A request's decoded messages whose first `kept` are the very objects, unchanged, of the list
+    `source` (the same rollout's previous request, as `gateway.dialects.growing` decodes it): so
+    they are what that request sent, byte for byte, and `RolloutIndex.chain` reuses that request's
+    hashes for them without serializing them again. Only the edge builds one, from bytes it
+    decoded; nothing mutates a decoded request."""
+
+    __slots__ = ("kept", "source")
+
+    def __init__(self, items: list[Any], kept: int, source: list[Any]):
+        super().__init__(items)
+        self.kept, self.source = kept, source
+
+
 # -- a request's images, as the edge resolved them ---------------------------------------------------
 
 
