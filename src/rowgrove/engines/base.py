@@ -106,6 +106,22 @@ class StopChecker:
         return any(s in tail for s in self.stop)
 
 
+class ExtendedIds(list):
+    """Prompt ids (Python ints) whose first `len(base)` are the elements of the list `base`,
+    unchanged: a continuation's prompt built from its parent's context (`RolloutIndex.extended`).
+    An engine that checked `base` as the rollout's last prompt checks only what follows it
+    (`RemoteEngine.checked_prompt`), with no pass over the ids `base` holds. Nothing mutates
+    either list (both are shared with the rollout's index)."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: list[int], *rest: Sequence[int]):
+        super().__init__(base)
+        for r in rest:
+            self.extend(r)
+        self.base = base
+
+
 def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
     """The prompt as a list of ints; InputError if it is empty or holds an id outside the vocab."""
     ids = [int(i) for i in prompt_ids]

@@ -43,7 +43,7 @@ import httpx
 import orjson
 
 # check_generation lives in rowgrove.engines.base (every engine's answer is checked); kept importable here
-from rowgrove.engines.base import Generation, SamplingParams, check_generation, check_prompt
+from rowgrove.engines.base import ExtendedIds, Generation, SamplingParams, check_generation, check_prompt
 from rowgrove.engines.http import ConnectFailed, Reply, ServerClient
 from rowgrove.engines.verify import Reference, WeightMirror, WeightSyncError, largest_difference, with_tied_head
 from rowgrove.engines.verify import sync_tolerance as resolve_tolerance
@@ -242,7 +242,16 @@ class RemoteEngine(ABC):
         Equal values are the same ids, so the list returned is the one `check_prompt` returns."""
         held = self._checked.get(rollout_id) if rollout_id is not None else None
         n = len(held.ids) if held is not None else 0
-        if held is not None and type(prompt_ids) is list and len(prompt_ids) > n and prompt_ids[:n] == held.ids:
+        if held is not None and type(prompt_ids) is ExtendedIds and len(prompt_ids) > n and (
+                prompt_ids.base is held.ids or prompt_ids[:n] == held.ids):
+            # a continuation's prompt as the gateway builds it: when it extends the very list
+            # checked last, the prefix is not even compared; the list is kept, not copied, so the
+            # next call's prompt extends it
+            rest = prompt_ids[n:]
+            new = check_prompt(rest, self.vocab_size)
+            prompt = prompt_ids if all(type(i) is int for i in rest) else held.ids + new
+            memo = _Checked(prompt, (held.json, n) if held.json is not None else None)
+        elif held is not None and type(prompt_ids) is list and len(prompt_ids) > n and prompt_ids[:n] == held.ids:
             prompt = held.ids + check_prompt(prompt_ids[n:], self.vocab_size)
             memo = _Checked(prompt, (held.json, n) if held.json is not None else None)
         else:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from rowgrove.engines.base import ExtendedIds
 from rowgrove.errors import BadRequest, RowgroveError
 from rowgrove.gateway.core.messages import (
     NO_IMAGES,
@@ -398,9 +399,9 @@ class RolloutIndex:
         if not isinstance(held, _Joined):
             return self.context_list(call_id) + ids
         self._recent.move_to_end(call_id)
-        out = held.head + held.tail
-        out += ids
-        return out
+        # the prompt as an extension of the parent's prompt list: an engine that checked that
+        # list last checks only what follows it (`engines.base.ExtendedIds`)
+        return ExtendedIds(held.head, held.tail, ids)
 
     def _node(self, call_id: str) -> _Node:
         try:
