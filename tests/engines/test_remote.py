@@ -11,13 +11,16 @@ import math
 import threading
 
 import httpx
+import orjson
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai import OpenAI
 
 from rowgrove.engines import make_engine
 from rowgrove.engines import remote
-from rowgrove.engines.base import Generation, SamplingParams
+from rowgrove.engines.base import ExtendedIds, Generation, SamplingParams
 from rowgrove.engines.remote import (
     PROBE_TEXT,
     check_generation,
@@ -353,3 +356,53 @@ def test_a_model_vllms_cpu_attention_cannot_run_is_refused_before_start_up(tmp_p
     with pytest.raises(EngineError, match="head_dim 1024"):
         check_cpu_servable(servable)
     check_cpu_servable(tmp_path / "not-a-folder")  # a hub name: left to vLLM
+
+
+# ---- the prompt check along a rollout -----------------------------------------------------------
+
+_STEP = st.tuples(st.sampled_from(["extends", "extends", "equal copy", "changed", "plain", "bad id"]),
+                  st.lists(st.integers(0, 100), min_size=1, max_size=6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(_STEP, min_size=1, max_size=8))
+def test_a_rollouts_prompts_are_checked_and_written_as_a_fresh_check_would(steps):
+    """Each prompt of a rollout, as the gateway builds it (extending the very list the engine
+    checked last) or any other way (an equal copy of it, a changed one, a plain list, an id outside
+    the vocabulary), is accepted exactly when `check_prompt` accepts it, as the same ids, and its
+    JSON is `orjson.dumps` of them, whichever way the engine got there."""
+    from rowgrove.engines.base import check_prompt
+
+    engine = _offline()
+    last: list[int] | None = None
+    for kind, new in steps:
+        if kind == "bad id":
+            new = [*new, engine.vocab_size]
+        if last is None or kind == "plain":
+            prompt = list(last or []) + new
+        elif kind == "equal copy":
+            prompt = ExtendedIds(list(last), new)
+        elif kind == "changed":
+            prompt = ExtendedIds([(last[0] + 1) % 50, *last[1:]], new)
+        else:
+            prompt = ExtendedIds(last, new)
+        try:
+            want = check_prompt(prompt, engine.vocab_size)
+        except InputError:
+            with pytest.raises(InputError):
+                engine.checked_prompt(prompt, "r")
+            continue
+        got = engine.checked_prompt(prompt, "r")
+        assert got == want and all(type(i) is int for i in got)
+        assert engine.prompt_json(got) == orjson.dumps(want)
+        last = prompt  # what the rollout's index holds, and the next prompt extends
+
+
+def test_the_prompt_built_on_the_list_checked_last_is_kept_not_copied():
+    engine = _offline()
+    first = engine.checked_prompt([1, 2, 3], "r")
+    second = ExtendedIds(first, [4, 5])
+    assert engine.checked_prompt(second, "r") is second
+    third = ExtendedIds(second, [6])
+    assert engine.checked_prompt(third, "r") is third
+    assert engine.prompt_json(third) == b"[1,2,3,4,5,6]"
