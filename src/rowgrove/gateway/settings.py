@@ -37,6 +37,7 @@ class GatewaySettings:
     trusted_proxies: tuple[str, ...] = ()  # peers (addresses or networks) whose X-Forwarded-For is believed
     model_name: str | None = None      # the model GET /v1/models lists; None: the engine's, else "rowgrove"
     gc_freeze: bool = True             # freeze start-up objects out of the collector (tail latency, see app.py)
+    hold_freed_memory: bool = True     # `serve`: glibc keeps freed large blocks for reuse (server.hold_freed_memory)
     media_folder: str | None = None    # file:// image URLs are read only inside this folder; None: refused
     hosted_tools: str = "drop"         # hosted tools (web_search, ...): "drop" leaves them out, "refuse" answers 400
 
