@@ -323,3 +323,66 @@ def test_minijinja_is_refused_where_the_engines_differ(template, why):
     # the positions and lengths a template computes itself may be ordered
     assert supported("{% set ns = namespace(last=messages | length - 1) %}{% for m in messages %}"
                      "{% if loop.index0 > ns.last %}x{% endif %}{% endfor %}") is None
+
+
+# -- latched scans (Qwen3's search for the last real user query) ------------------------------------
+
+_SCAN = ("{%- set ns = namespace(looking=true, at=-1) %}"
+         "{%- for m in messages[::-1] %}{%- set i = (messages | length - 1) - loop.index0 %}"
+         "{%- if ns.looking and m.role == 'user' and not m.content.startswith('<r>') %}"
+         "{%- set ns.looking = false %}{%- set ns.at = i %}{%- endif %}{%- endfor %}"
+         "{%- for m in messages %}<{{ m.role }}{% if loop.index0 > ns.at %}*{% endif %}>{{ m.content }}{% endfor %}"
+         "{%- if add_generation_prompt %}<a>{% endif %}")
+
+
+def test_qwen3s_scan_for_the_last_query_stops_at_it():
+    """The window form breaks out of Qwen3's reverse scan once the last real user query is
+    found: a continuation's render costs the messages since that query, not the conversation."""
+    require_families(["qwen3"])
+    window = analyse(source_of("qwen3"))
+    assert not isinstance(window, str), window
+    assert "{% if not ns.multi_step_tool %}{% break %}{% endif %}" in window.source
+
+
+@pytest.mark.parametrize("body", [
+    "{%- set i = loop.index0 %}{{ i }}{%- if ns.looking and m.role == 'user' %}{%- set ns.looking = false %}{%- endif %}",
+    "{%- set i = m.content - 1 %}{%- if ns.looking and m.role == 'user' %}{%- set ns.looking = false %}{%- endif %}",
+    "{%- set i = m.content.split('x') %}{%- if ns.looking %}{%- set ns.looking = false %}{%- endif %}",
+    "{%- if m.role == 'user' and ns.looking %}{%- set ns.looking = false %}{%- endif %}",
+    "{%- if ns.looking %}{%- set ns.at = 1 %}{%- else %}{%- set ns.at = 2 %}{%- endif %}",
+    "{%- if ns.looking %}{%- set ns.looking = false %}{%- endif %}{%- if ns.at %}{%- set ns.at = 0 %}{%- endif %}",
+    "{%- set ns = namespace(looking=true, at=0) %}{%- if ns.looking %}{%- set ns.looking = false %}{%- endif %}",
+])
+def test_a_scan_whose_later_iterations_might_act_is_not_cut_short(body):
+    """Printing, an assignment that could fail or call a method, a test the flag does not guard
+    first, an else, a second guard, rebinding the namespace: any of these keeps the whole scan."""
+    template = ("{%- set ns = namespace(looking=true, at=-1) %}{%- for m in messages[::-1] %}" + body
+                + "{%- endfor %}{%- for m in messages %}{{ m.content }}{% endfor %}")
+    window = analyse(template)
+    assert not isinstance(window, str), window
+    assert "{% break %}" not in window.source
+
+
+def test_a_cut_short_scan_renders_as_the_whole_scan(tokenizer):
+    """The latched scan through the fast engine against apply_chat_template (jinja2, the whole
+    scan), on conversations with the queries anywhere, or none, and the window from every
+    position against the whole rendering."""
+    window = analyse(_SCAN)
+    assert not isinstance(window, str) and "{% break %}" in window.source
+    engine, why = fast_engine(_SCAN, dict(tokenizer.special_tokens_map))
+    assert engine is not None, why
+    content = st.sampled_from(["a", "<r>b", "c<r>", ""])
+    message = st.builds(lambda role, text: {"role": role, "content": text},
+                        st.sampled_from(["user", "assistant", "tool"]), content)
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(msgs=st.lists(message, min_size=1, max_size=12), k=st.integers(0, 11))
+    def check(msgs, k):
+        want = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, chat_template=_SCAN)
+        whole = split(engine.render(msgs, None, {}, True))
+        assert whole is not None and whole.text == want
+        k = min(k, len(msgs) - 1)
+        part = split(engine.render(msgs, None, {}, True, k), len(msgs) - k)
+        assert part is not None and part.v == whole.v and part.items == whole.items[k:]
+
+    check()

@@ -130,7 +130,9 @@ def _analyse(source: str) -> Window:
     for macro in macros.values():  # a macro may read the template's top-level variables
         free.update(n.name for n in _walk(macro.body) if isinstance(n, jn.Name) and n.ctx == "load")
     pre_vars = tuple(sorted(n for n in free if n in pre_assigned))
-    window = _rewrite(source, main, ast, pre_vars)
+    latches = {id(n): flag for n in ast.body[: tops[0]] if isinstance(n, jn.For)
+               for flag in [_latch(n, _namespaces(ast))] if flag is not None}
+    window = _rewrite(source, main, ast, pre_vars, latches)
     return Window(window, pre_vars)
 
 
@@ -345,18 +347,97 @@ def _is_loop_attr(node: jn.Node, attr: str) -> bool:
         and node.attr == attr
 
 
-def _rewrite(source: str, main: jn.For, ast: jn.Template, pre_vars: tuple[str, ...]) -> str:
-    """The window form of `source` (module docstring), checked against the original syntax tree."""
-    masked = _COMMENT.sub(lambda m: " " * len(m.group(0)), source)
-    start = _line_offset(source, main.lineno)
-    tags = list(_BLOCK.finditer(masked))
+# -- latched scans: PRE loops that stop having any effect once a namespace flag is false --------
+
+
+def _namespaces(ast: jn.Template) -> frozenset[str]:
+    """Names PRE binds to `namespace(...)` at the top level, and binds to nothing else anywhere."""
+    made, other = set(), set()
+    for a in ast.find_all(jn.Assign):
+        for t in _targets(a.target):
+            if isinstance(t, jn.Name):
+                is_ns = (a in ast.body and isinstance(a.node, jn.Call) and isinstance(a.node.node, jn.Name)
+                         and a.node.node.name == "namespace" and t is a.target)
+                (made if is_ns else other).add(t.name)
+    for f in ast.find_all(jn.For):
+        other.update(t.name for t in _targets(f.target) if isinstance(t, jn.Name))
+    return frozenset(made - other)
+
+
+def _latch(loop: jn.For, namespaces: frozenset[str]) -> tuple[str, str] | None:
+    """(namespace, attribute) of a PRE loop whose iterations do nothing once `ns.attr` is false
+    at an iteration's start, or None.
+
+    Qwen3's scan for the last real user query is one: it walks every message from the end, but
+    after the first match (which clears `ns.multi_step_tool`) each iteration only sets a variable
+    of its own and tests `ns.multi_step_tool and ...`, which stops at its first operand. So a
+    `break` when the flag is false at an iteration's start leaves the output and every variable
+    after the loop as they were, and the scan costs the messages after the last query, not all of
+    them. The clause, on the syntax tree: no else, filter or recursion; the body is one `if` with
+    no elif or else whose test's leftmost `and` operand is `ns.attr`, and otherwise only
+    assignments to plain names (never the namespace) of numbers that cannot fail (integers, loop
+    counters, `messages | length`, + - * of those). Nothing in such an iteration can write the
+    flag, print, or raise, so an iteration that starts with the flag false leaves it false."""
+    if loop.else_ or loop.test is not None or loop.recursive:
+        return None
+    if any(t.name in namespaces for t in _targets(loop.target) if isinstance(t, jn.Name)):
+        return None
+    guarded = [n for n in loop.body if isinstance(n, jn.If)]
+    if len(guarded) != 1 or guarded[0].elif_ or guarded[0].else_:
+        return None
+    flag = guarded[0].test
+    while isinstance(flag, jn.And):
+        flag = flag.left
+    if not (isinstance(flag, jn.Getattr) and isinstance(flag.node, jn.Name) and flag.node.name in namespaces):
+        return None
+    for n in loop.body:
+        if n is guarded[0]:
+            continue
+        if not (isinstance(n, jn.Assign) and isinstance(n.target, jn.Name) and n.target.name not in namespaces
+                and n.target.name != "loop" and _sure_number(n.node)):
+            return None
+    return flag.node.name, flag.attr
+
+
+_COUNTERS = frozenset({"index", "index0", "revindex", "revindex0", "length", "depth", "depth0"})
+
+
+def _sure_number(node: jn.Node) -> bool:
+    """Whether `node` is an integer whose evaluation cannot fail or touch anything."""
+    if isinstance(node, jn.Const):
+        return type(node.value) is int
+    if isinstance(node, jn.Getattr):
+        return isinstance(node.node, jn.Name) and node.node.name == "loop" and node.attr in _COUNTERS
+    if isinstance(node, jn.Filter):
+        return (node.name == "length" and _is_messages(node.node) and not node.args and not node.kwargs
+                and node.dyn_args is None and node.dyn_kwargs is None)
+    if isinstance(node, jn.Add | jn.Sub | jn.Mul):
+        return _sure_number(node.left) and _sure_number(node.right)
+    if isinstance(node, jn.Neg):
+        return _sure_number(node.node)
+    return False
+
+
+def _latch_break(ns: str, attr: str, right: str) -> str:
+    """The tags inserted right after a latched loop's `for` tag (`right`: its closing
+    whitespace-control sign, carried by the last inserted tag)."""
+    return "{% if not " + ns + "." + attr + " %}{% break %}{% endif " + right + "%}"
+
+
+_MAIN_ITER = re.compile(r"\s*\w+\s+in\s+[\w\[\]:1 ]+\s*")   # for message in messages / messages[1:]
+_PRE_ITER = re.compile(r"\s*\w+\s+in\s+[\w\[\]:1 -]+\s*")   # ... also messages[::-1]
+
+
+def _loop_tags(tags: list[re.Match[str]], start: int, head: re.Pattern[str]
+               ) -> tuple[re.Match[str], re.Match[str]] | None:
+    """(the `for` tag, its `endfor` tag) of the first loop whose tag starts at or after `start`
+    and whose head matches `head`."""
     opener = None
     depth = 0
-    closer = None
     for t in tags:
         kind = t.group(2)
         if opener is None:
-            if kind == "for" and t.start() >= start and re.fullmatch(r"\s*\w+\s+in\s+[\w\[\]:1 ]+\s*", t.group(3)):
+            if kind == "for" and t.start() >= start and head.fullmatch(t.group(3)):
                 opener = t
                 depth = 1
             continue
@@ -365,18 +446,46 @@ def _rewrite(source: str, main: jn.For, ast: jn.Template, pre_vars: tuple[str, .
         elif kind == "endfor":
             depth -= 1
             if depth == 0:
-                closer = t
-                break
-    if opener is None or closer is None:
+                return opener, t
+    return None
+
+
+def _rewrite(source: str, main: jn.For, ast: jn.Template, pre_vars: tuple[str, ...],
+             latches: dict[int, tuple[str, str]] | None = None) -> str:
+    """The window form of `source` (module docstring), checked against the original syntax tree.
+    `latches`: PRE loops (by id) that get a `break` once their flag is false (`_latch`); one
+    whose tags cannot be placed surely is left as it is."""
+    masked = _COMMENT.sub(lambda m: " " * len(m.group(0)), source)
+    tags = list(_BLOCK.finditer(masked))
+    found = _loop_tags(tags, _line_offset(source, main.lineno), _MAIN_ITER)
+    if found is None:
         raise Decline("the main loop's tags could not be located in the source")
+    opener, closer = found
     right = opener.group(4)
     left = closer.group(1)
     shown = "".join("{{ %s | rowgrove_v }}{{ rowgrove_vmark }}" % v for v in pre_vars)
     head = ("{% if loop.index0 >= rowgrove_from %}{{ rowgrove_mark }}"
             "{% if loop.index0 == rowgrove_from %}{{ rowgrove_vmark }}" + shown + "{% endif " + right + "%}")
     tail = "{%" + left + " endif %}"
-    window = source[: opener.end()] + head + source[opener.end(): closer.start()] + tail + source[closer.start():]
-    _check_rewrite(ast, main, window)
+    inserts = [(opener.end(), head), (closer.start(), tail)]
+    placed: dict[int, tuple[str, str]] = {}
+    for node in ast.body:
+        if node is main:
+            break
+        flag = (latches or {}).get(id(node))
+        found = _loop_tags(tags, _line_offset(source, node.lineno), _PRE_ITER) if flag is not None else None
+        if found is not None and found[1].start() < opener.start():
+            inserts.append((found[0].end(), _latch_break(*flag, found[0].group(4))))
+            placed[id(node)] = flag
+    window = source
+    for at, text in sorted(inserts, reverse=True):
+        window = window[:at] + text + window[at:]
+    try:
+        _check_rewrite(ast, main, window, placed)
+    except Decline:
+        if not placed:
+            raise
+        return _rewrite(source, main, ast, pre_vars)  # the window form without the breaks
     return window
 
 
@@ -388,12 +497,28 @@ def _line_offset(source: str, lineno: int) -> int:
     return at
 
 
-def _check_rewrite(ast: jn.Template, main: jn.For, window: str) -> None:
+def _check_rewrite(ast: jn.Template, main: jn.For, window: str,
+                   latched: dict[int, tuple[str, str]] | None = None) -> None:
     new = _env().parse(window)
     if len(new.body) != len(ast.body):
         raise Decline("the rewrite changed the template's structure")
     for old_node, new_node in zip(ast.body, new.body, strict=True):
-        if old_node is main:
+        flag = (latched or {}).get(id(old_node))
+        if flag is not None:
+            # the loop with `{% if not ns.attr %}{% break %}{% endif %}` first, and otherwise itself
+            if not (isinstance(new_node, jn.For) and new_node.body and isinstance(new_node.body[0], jn.If)):
+                raise Decline("the rewrite changed a latched loop")
+            guard = new_node.body[0]
+            test = guard.test
+            if not (isinstance(test, jn.Not) and isinstance(test.node, jn.Getattr) and isinstance(test.node.node, jn.Name)
+                    and (test.node.node.name, test.node.attr) == flag and guard.body == [jn.Break()]
+                    and not guard.elif_ and not guard.else_):
+                raise Decline("the rewrite changed a latched loop")
+            if list(new_node.body[1:]) != list(old_node.body) or new_node.target != old_node.target \
+                    or new_node.iter != old_node.iter or new_node.else_ != old_node.else_ \
+                    or new_node.test != old_node.test or new_node.recursive != old_node.recursive:
+                raise Decline("the rewrite changed a latched loop's body (whitespace control)")
+        elif old_node is main:
             if not (isinstance(new_node, jn.For) and len(new_node.body) == 1 and isinstance(new_node.body[0], jn.If)):
                 raise Decline("the rewrite changed the main loop")
             wrapped = new_node.body[0]
