@@ -406,3 +406,24 @@ def test_the_prompt_built_on_the_list_checked_last_is_kept_not_copied():
     third = ExtendedIds(second, [6])
     assert engine.checked_prompt(third, "r") is third
     assert engine.prompt_json(third) == b"[1,2,3,4,5,6]"
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(st.lists(st.integers(0, 9), max_size=4), min_size=1, max_size=6),
+       k=st.integers(-30, 30), a=st.integers(-30, 30), b=st.integers(-30, 30), step=st.sampled_from([None, 1, 2, -1]))
+def test_extended_ids_read_as_the_list_they_make(parts, k, a, b, step):
+    """A prompt held as parts (`ExtendedIds`, each extending the last) reads as the joined list:
+    length, iteration, an index (IndexError out of range), any slice, ==, + on either side."""
+    ids = ExtendedIds(list(parts[0]), *parts[1:2])
+    for p in parts[2:]:
+        ids = ExtendedIds(ids, p)
+    flat = [i for p in parts for i in p]
+    assert len(ids) == len(flat) and list(ids) == flat and ids == flat and ids.tolist() == flat
+    assert ids[a:b:step] == flat[a:b:step]
+    if -len(flat) <= k < len(flat):
+        assert ids[k] == flat[k]
+    else:
+        with pytest.raises(IndexError):
+            ids[k]
+    assert ids + [7] == flat + [7] and [7] + ids == [7] + flat
+    assert orjson.dumps(list(ids)) == orjson.dumps(flat)

@@ -10,8 +10,10 @@ gateway stores these ids and never re-encodes their text.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -106,20 +108,82 @@ class StopChecker:
         return any(s in tail for s in self.stop)
 
 
-class ExtendedIds(list):
-    """Prompt ids (Python ints) whose first `len(base)` are the elements of the list `base`,
-    unchanged: a continuation's prompt built from its parent's context (`RolloutIndex.extended`).
-    An engine that checked `base` as the rollout's last prompt checks only what follows it
-    (`RemoteEngine.checked_prompt`), with no pass over the ids `base` holds. Nothing mutates
-    either list (both are shared with the rollout's index)."""
+class ExtendedIds(Sequence[int]):
+    """A continuation's prompt ids (Python ints): the list or `ExtendedIds` `base` (the parent's
+    prompt), then what follows it (the parent's sampled ids, the new part), held as the parts
+    they are, never joined (`RolloutIndex.extended`). Read like the list they make (`len`, an
+    index, a slice, iteration, ==, +).
 
-    __slots__ = ("base",)
+    A long rollout's prompt is 51k ids at call 200: joining it cost a pass over 51k int objects
+    per call (a reference count written on each) and another when the joined list was freed, and
+    those passes evicted everything else the call touched from the cache. An engine that checked
+    `base` as the rollout's last prompt checks only what follows it and reuses its JSON
+    (`RemoteEngine.checked_prompt`, `prompt_json`), so the prompt is never joined on the way to
+    vLLM or SGLang. Nothing mutates a part (they are shared with the rollout's index)."""
 
-    def __init__(self, base: list[int], *rest: Sequence[int]):
-        super().__init__(base)
+    __slots__ = ("base", "ends", "parts")
+
+    def __init__(self, base: Sequence[int], *rest: Sequence[int]):
+        new: list[int] = []
         for r in rest:
-            self.extend(r)
+            new.extend(r)
         self.base = base
+        if type(base) is ExtendedIds:
+            self.parts, self.ends = [*base.parts, new], [*base.ends, base.ends[-1] + len(new)]
+        else:
+            self.parts, self.ends = [base, new], [len(base), len(base) + len(new)]
+
+    def __len__(self) -> int:
+        return self.ends[-1]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain.from_iterable(self.parts)
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            a, b, step = k.indices(len(self))
+            if step != 1:
+                return self.tolist()[k]
+            out: list[int] = []
+            i = bisect.bisect_right(self.ends, a)
+            while a < b and i < len(self.parts):
+                start = self.ends[i] - len(self.parts[i])
+                out.extend(self.parts[i][a - start: min(b, self.ends[i]) - start])
+                a = self.ends[i]
+                i += 1
+            return out
+        n = len(self)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError("ExtendedIds index out of range")
+        i = bisect.bisect_right(self.ends, k)
+        return self.parts[i][k - (self.ends[i] - len(self.parts[i]))]
+
+    def tolist(self) -> list[int]:
+        """The ids as one list (a copy)."""
+        return list(itertools.chain.from_iterable(self.parts))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ExtendedIds | list | tuple):
+            return len(self) == len(other) and self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __add__(self, other: Sequence[int]) -> list[int]:
+        return self.tolist() + list(other)
+
+    def __radd__(self, other: Sequence[int]) -> list[int]:
+        return list(other) + self.tolist()
+
+    def __repr__(self) -> str:
+        return f"ExtendedIds({self.tolist()!r})"
+
+
+def as_list(ids: Sequence[int]) -> list[int]:
+    """`ids` as a list: itself when it is one (no copy)."""
+    return ids if type(ids) is list else list(ids)
 
 
 def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:

@@ -43,7 +43,7 @@ import httpx
 import orjson
 
 # check_generation lives in rowgrove.engines.base (every engine's answer is checked); kept importable here
-from rowgrove.engines.base import ExtendedIds, Generation, SamplingParams, check_generation, check_prompt
+from rowgrove.engines.base import ExtendedIds, Generation, SamplingParams, as_list, check_generation, check_prompt
 from rowgrove.engines.http import ConnectFailed, Reply, ServerClient
 from rowgrove.engines.verify import Reference, WeightMirror, WeightSyncError, largest_difference, with_tied_head
 from rowgrove.engines.verify import sync_tolerance as resolve_tolerance
@@ -274,13 +274,13 @@ class RemoteEngine(ABC):
         new ids are written (a copy of bytes instead of writing 88k ids anew: 0.6-1 ms a call)."""
         memo = self._last_checked
         if memo is None or memo.ids is not prompt:
-            return orjson.dumps(prompt)
+            return orjson.dumps(as_list(prompt))
         if memo.json is None:
             if memo.head is not None:
                 head, n = memo.head
                 memo.json = b"".join((memoryview(head)[:-1], b",", memoryview(orjson.dumps(prompt[n:]))[1:]))
             else:
-                memo.json = orjson.dumps(prompt)
+                memo.json = orjson.dumps(as_list(prompt))
             memo.head = None
         return memo.json
 

@@ -130,6 +130,7 @@ class SGLangEngine(RemoteEngine):
     async def _generate(self, client: ServerClient, url: str, prompt: list[int],
                         sampling: SamplingParams, rid: str, images: Sequence[Any] = ()) -> Generation:
         body = self.request_body(prompt, sampling, rid)
+        body["input_ids"] = orjson.Fragment(self.prompt_json(prompt))  # the rollout's last prompt's JSON reused
         if images:
             # SGLang's GenerateReqInput.image_data: one entry per image of the prompt, in order
             # (URLs, paths or base64 data URLs); the prompt's placeholder ids are already expanded

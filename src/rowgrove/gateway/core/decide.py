@@ -202,7 +202,7 @@ class RolloutIndex:
         if call_id in self._nodes:
             raise RowgroveError(f"call {call_id} is already in the rollout index: add each call once")
         ctx: Any = context_ids.tolist() if isinstance(context_ids, np.ndarray) else context_ids
-        if not isinstance(ctx, list):
+        if not isinstance(ctx, list | ExtendedIds):
             ctx = list(ctx)
         if sampled_ids is not None:
             ctx = _Joined(ctx, list(sampled_ids))
