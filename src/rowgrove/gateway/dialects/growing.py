@@ -82,7 +82,9 @@ class GrowingBody:
         held = self._held
         if held is not None:
             k = _kept(raw, held)
-            if k:
+            # only when the held part is most of the body: locating a large new part's messages
+            # with the standard library's scanner would cost more than decoding the whole
+            if k and held.ends[k - 1] >= len(raw) // 2:
                 value = self._splice(raw, held, k, max_depth)
                 if value is not None:
                     return value
