@@ -16,8 +16,8 @@ over the candidate calls of its assistant messages. A path is scored, in this or
 3. the fewest calls another conversation of the record claims: a record that repeats itself
    (two context windows, two sub-agents or two branches holding the same turns) claims one call
    per message, so each window's calls are trained. The conversations with several candidates
-   are picked again in turn, each against the others' picks, until no pick changes (4 passes
-   at most),
+   are picked longest first, each against the picks made before it, then again in turn, each
+   against all the others' picks, until no pick changes (4 passes at most),
 4. the later calls (sum of ordinals): between two retries with the same text that nothing else
    tells apart, the most recent one, as the gateway picks the most recent parent.
 Messages with a single candidate (the usual case) cost one dict lookup.
@@ -213,7 +213,14 @@ def select_calls(record: Mapping[str, Any] | None, calls: Sequence[Call]) -> Sel
                                for _, _, steps in convs]
     open_ = [k for k, p in enumerate(paths) if not p]
     # conversations whose messages have several candidates: each pass picks, per conversation,
-    # the path that claims fewest calls the other conversations picked, until no pick changes
+    # the path that claims fewest calls the other conversations picked, until no pick changes.
+    # The first pass takes the longest conversations first: a long window's turns can only be a
+    # chain of as many calls, where a short one fits in many places (taken in record order, two
+    # short windows could split the chains a long one needs and leave it none unclaimed)
+    first = sorted(open_, key=lambda k: -len(convs[k][2]))
+    for k in first:
+        others = {c.id for j, p in enumerate(paths) if j != k for c in p}
+        paths[k] = _best_path(convs[k][2], by_id, others)
     for _ in range(4 if open_ else 0):
         changed = False
         for k in open_:
