@@ -31,8 +31,9 @@ class RecordingVLLMEngine(VLLMEngine):
 
     def request_body(self, prompt, sampling):
         body = super().request_body(prompt, sampling)
-        # a copy: the engine then swaps the body's prompt for a pre-encoded orjson.Fragment
-        self.sent.append(dict(body))
+        # a copy: the engine then swaps the body's prompt for a pre-encoded orjson.Fragment; a
+        # continuation's prompt is an ExtendedIds (its parts), recorded as the list it reads as
+        self.sent.append({**body, "prompt": list(body["prompt"])})
         return body
 
 

@@ -98,8 +98,10 @@ class SGLangEngine(RemoteEngine):
 
     # ---- generation -----------------------------------------------------------------------
 
-    def request_body(self, prompt: list[int], sampling: SamplingParams, rid: str) -> dict[str, Any]:
-        """The /generate body for one call (only keys SGLang's SamplingParams knows)."""
+    def request_body(self, prompt: Sequence[int], sampling: SamplingParams, rid: str) -> dict[str, Any]:
+        """The /generate body for one call (only keys SGLang's SamplingParams knows). `prompt` as
+        given: a continuation's is an `engines.base.ExtendedIds` (`list(prompt)` joins it), which
+        `_generate` replaces with the prompt's JSON, reused from the rollout's last prompt."""
         params: dict[str, Any] = {
             "max_new_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,

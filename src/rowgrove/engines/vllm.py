@@ -35,6 +35,7 @@ a stale pre-packed output layer). See docs/engines.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +70,10 @@ class VLLMEngine(RemoteEngine):
         self.stream = stream
         self.pause_mode = pause_mode
 
-    def request_body(self, prompt: list[int], sampling: SamplingParams) -> dict[str, Any]:
-        """The /v1/completions body for one call."""
+    def request_body(self, prompt: Sequence[int], sampling: SamplingParams) -> dict[str, Any]:
+        """The /v1/completions body for one call. `prompt` as given: a continuation's is an
+        `engines.base.ExtendedIds` (its parts; `list(prompt)` joins them), which `_generate`
+        replaces with the prompt's JSON, reused from the rollout's last prompt."""
         body: dict[str, Any] = {
             "model": self.served_model,
             "prompt": prompt,
