@@ -233,13 +233,15 @@ class RemoteEngine(ABC):
         check_generation(gen, self.vocab_size, f"{self.kind} server {url}")
         return gen
 
-    def checked_prompt(self, prompt_ids: Sequence[int], rollout_id: str | None) -> list[int]:
-        """`check_prompt(prompt_ids)`: the prompt as a list of ints, InputError when it is empty
-        or holds an id outside the vocabulary. A rollout's prompt starts with its previous one
-        (that prompt, what was sampled, the new messages), so the part equal to the rollout's last
-        checked prompt is compared with it (C speed) and only the rest is checked: checking each id
-        in Python cost 6-7 ms at 88k prompt ids, per call (docs/gateway.md, "Long conversations").
-        Equal values are the same ids, so the list returned is the one `check_prompt` returns."""
+    def checked_prompt(self, prompt_ids: Sequence[int], rollout_id: str | None) -> Sequence[int]:
+        """`check_prompt(prompt_ids)`: the prompt as ints, InputError when it is empty or holds an
+        id outside the vocabulary. A rollout's prompt starts with its previous one (that prompt,
+        what was sampled, the new messages), so the part equal to the rollout's last checked
+        prompt is not checked again: an `ExtendedIds` built on that very list is taken as it is
+        (only what follows it is checked, and it is returned itself, never joined), any other
+        prompt is compared with it (C speed): checking each id in Python cost 6-7 ms at 88k
+        prompt ids, per call (docs/gateway.md, "Long conversations"). Equal values are the same
+        ids, so what is returned reads as the list `check_prompt` returns."""
         held = self._checked.get(rollout_id) if rollout_id is not None else None
         n = len(held.ids) if held is not None else 0
         if held is not None and type(prompt_ids) is ExtendedIds and len(prompt_ids) > n and (
