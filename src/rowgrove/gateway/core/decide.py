@@ -431,12 +431,13 @@ class RolloutIndex:
         h = h0
         state: Any = h0  # identity of the raw prefix so far
         start = 0
-        last = self._last
         blob: bytes | None = None
-        if type(messages) is Kept and last is not None and messages.source is last[1] and last[0] == h0 \
-                and min(messages.kept, len(last[2])) > 0:
-            start = min(messages.kept, len(last[2]), len(messages))
-            out, states = list(last[2][:start]), list(last[3][:start])
+        if self._last is not None and type(messages) is Kept:
+            last_h0, last_messages, last_chain, last_states = self._last
+            if messages.source is last_messages and last_h0 == h0:
+                start = min(messages.kept, len(last_chain), len(messages))
+        if start:
+            out, states = list(last_chain[:start]), list(last_states[:start])
             h, state = out[-1], states[-1]
         else:
             try:

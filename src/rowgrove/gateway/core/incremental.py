@@ -353,10 +353,11 @@ def _is_loop_attr(node: jn.Node, attr: str) -> bool:
 def _namespaces(ast: jn.Template) -> frozenset[str]:
     """Names PRE binds to `namespace(...)` at the top level, and binds to nothing else anywhere."""
     made, other = set(), set()
+    top = {id(n) for n in ast.body}
     for a in ast.find_all(jn.Assign):
         for t in _targets(a.target):
             if isinstance(t, jn.Name):
-                is_ns = (a in ast.body and isinstance(a.node, jn.Call) and isinstance(a.node.node, jn.Name)
+                is_ns = (id(a) in top and isinstance(a.node, jn.Call) and isinstance(a.node.node, jn.Name)
                          and a.node.node.name == "namespace" and t is a.target)
                 (made if is_ns else other).add(t.name)
     for f in ast.find_all(jn.For):
@@ -455,6 +456,7 @@ def _rewrite(source: str, main: jn.For, ast: jn.Template, pre_vars: tuple[str, .
     """The window form of `source` (module docstring), checked against the original syntax tree.
     `latches`: PRE loops (by id) that get a `break` once their flag is false (`_latch`); one
     whose tags cannot be placed surely is left as it is."""
+    latches = latches or {}
     masked = _COMMENT.sub(lambda m: " " * len(m.group(0)), source)
     tags = list(_BLOCK.finditer(masked))
     found = _loop_tags(tags, _line_offset(source, main.lineno), _MAIN_ITER)
@@ -472,7 +474,7 @@ def _rewrite(source: str, main: jn.For, ast: jn.Template, pre_vars: tuple[str, .
     for node in ast.body:
         if node is main:
             break
-        flag = (latches or {}).get(id(node))
+        flag = latches.get(id(node))
         found = _loop_tags(tags, _line_offset(source, node.lineno), _PRE_ITER) if flag is not None else None
         if found is not None and found[1].start() < opener.start():
             inserts.append((found[0].end(), _latch_break(*flag, found[0].group(4))))
