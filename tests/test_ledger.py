@@ -119,6 +119,39 @@ def test_weight_versions_round_trip_exactly(tmp_path_factory, sampled, known):
                 assert got.weight_versions is None
 
 
+
+def _outline_of(c) -> tuple:
+    """What `call_outlines` must say of the full `Call` c."""
+    vs = c.weight_versions
+    dropped = (c.response or {}).get("hosted_tools_dropped") if isinstance(c.response, dict) else None
+    return (c.id, c.ordinal, c.parent_id, c.root, c.status, c.prompt_len, len(c.sampled_ids), c.finish_reason,
+            c.history_drift, None if vs is None or len(vs) == 0 else (int(vs.min()), int(vs.max())), dropped or None)
+
+
+@settings(max_examples=25, deadline=None)
+@given(calls=st.lists(st.tuples(st.sampled_from(["pending", "completed", "failed"]),
+                                st.lists(st.integers(0, 2**31 - 1), max_size=5), st.booleans(),
+                                st.sampled_from([None, {}, {"x": "hosted_tools_dropped"}, {"hosted_tools_dropped": []},
+                                                 {"hosted_tools_dropped": ["web_search"]}])), max_size=5))
+def test_call_outlines_say_what_the_full_calls_say(tmp_path_factory, calls):
+    with Ledger(tmp_path_factory.mktemp("l") / "l.sqlite") as led:
+        ro = led.create_rollout("g")
+        parent = None
+        for status, versions, drift, response in calls:
+            c = led.begin_call(ro.id, parent_id=parent, prompt_ids=[1, 2], prompt_len=7, request_hash="h",
+                               history_drift=drift)
+            n = len(versions)
+            if status == "completed":
+                led.complete_call(c.id, sampled_ids=list(range(n)), logprobs=[0.0] * n, finish_reason="stop",
+                                  summary_hash="s", response_hash="r", response=response,
+                                  weight_versions=versions if n % 2 else None)
+            elif status == "failed":
+                led.end_call(c.id, "failed", "boom", sampled_ids=list(range(n)), logprobs=[0.0] * n)
+            parent = c.id
+        outlines = [(o.id, o.ordinal, o.parent_id, o.root, o.status, o.prompt_len, o.sampled, o.finish_reason,
+                     o.history_drift, o.weight_range, o.hosted_tools_dropped) for o in led.call_outlines(ro.id)]
+        assert outlines == [_outline_of(c) for c in led.calls(ro.id)]
+
 def test_weight_versions_must_match_the_sampled_ids(ledger):
     ro = ledger.create_rollout("g")
     call = ledger.begin_call(ro.id, parent_id=None, prompt_ids=[1], prompt_len=1, request_hash="h")
@@ -192,6 +225,9 @@ def test_old_ledger_reads_read_only_and_migrates_on_writable_open(tmp_path, vers
     with Ledger(path, readonly=True) as led:  # read-only: read as it is, file untouched
         (old,) = led.calls("ro_old")
         assert old.sampled_ids.tolist() == [7, 8] and old.weight_versions is None and not old.history_drift
+        assert [_outline_of(c) for c in led.calls("ro_old")] == [
+            (o.id, o.ordinal, o.parent_id, o.root, o.status, o.prompt_len, o.sampled, o.finish_reason,
+             o.history_drift, o.weight_range, o.hosted_tools_dropped) for o in led.call_outlines("ro_old")]
         assert read_calls(led, "ro_old")[0].weight_versions is None
     assert [c.weight_versions for _, calls in iter_finished(path) for c in calls] == [None]
     before, cols = _schema(path)

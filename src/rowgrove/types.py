@@ -79,6 +79,24 @@ class Call:
     weight_versions: np.ndarray | None = None  # int32, one per sampled id: the weight version that sampled it; None = unknown
 
 
+@dataclass(frozen=True)
+class CallOutline:
+    """A call as its rollout's lineage shows it (`Ledger.call_outlines`): its place and outcome,
+    without its token arrays or response."""
+
+    id: str
+    ordinal: int
+    parent_id: str | None
+    root: bool
+    status: str
+    prompt_len: int
+    sampled: int                       # how many ids were sampled
+    finish_reason: str | None
+    history_drift: bool
+    weight_range: tuple[int, int] | None  # (oldest, newest) weight version of its sampled ids; None = unknown or none
+    hosted_tools_dropped: list[str] | None  # the hosted tools its request named that the model was not shown
+
+
 @dataclass
 class Rollout:
     """One run of a harness on one prompt. One reward, one validity, one advantage."""

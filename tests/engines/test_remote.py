@@ -427,3 +427,48 @@ def test_extended_ids_read_as_the_list_they_make(parts, k, a, b, step):
             ids[k]
     assert ids + [7] == flat + [7] and [7] + ids == [7] + flat
     assert orjson.dumps(list(ids)) == orjson.dumps(flat)
+
+
+_IDS = st.lists(st.one_of(st.integers(-3, 1033), st.booleans(), st.integers(0, 1029).map(lambda i: __import__("numpy").int64(i)),
+                          st.floats(allow_nan=True)), max_size=8)
+_LPS = st.lists(st.one_of(st.floats(max_value=0.0), st.floats(allow_nan=True, allow_infinity=True),
+                          st.just(-1e308), st.integers(-5, 0), st.booleans()), max_size=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(ids=_IDS, lps=_LPS)
+def test_check_generation_reads_plain_lists_as_it_reads_any(ids, lps):
+    """The C-speed reading of plain int and float lists refuses exactly what the item-by-item
+    rules refuse (an id outside [0, 1030) or not an integer, a bool; a logprob that is NaN,
+    infinite, above 1e-3, not a number), whatever the mix and however the sum overflows."""
+    from rowgrove.engines.base import _is_id, _is_logprob
+
+    lps = lps[:len(ids)] + [-0.5] * max(0, len(ids) - len(lps))
+    expected = all(_is_id(t, 1030) for t in ids) and all(_is_logprob(x) for x in lps)
+    gen = Generation(token_ids=ids, logprobs=lps, finish_reason="stop")
+    try:
+        check_generation(gen, 1030, "the server")
+        ok = True
+    except EngineError:
+        ok = False
+    assert ok == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids=_IDS)
+def test_check_prompt_reads_plain_lists_as_it_reads_any(ids):
+    from rowgrove.engines.base import check_prompt
+
+    try:
+        expected = [int(i) for i in ids]
+        expected = expected if expected and all(0 <= i < 1030 for i in expected) else None
+    except (ValueError, OverflowError):
+        expected = "raises"
+    try:
+        got = check_prompt(ids, 1030)
+        assert got is not ids and all(type(i) is int for i in got)
+    except InputError:
+        got = None
+    except (ValueError, OverflowError):
+        got = "raises"
+    assert got == expected

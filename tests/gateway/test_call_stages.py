@@ -41,14 +41,19 @@ def _record(gw: Gateway, monkeypatch) -> list[tuple[str, str]]:
         events.append(("decide", messages[-1]["content"]))
         return decide(index, messages, *a, **kw)
 
-    begin = gw.ledger.abegin_call
+    abegin, begin = gw.ledger.abegin_call, gw.ledger.begin_call
 
-    async def spied_begin(rollout_id, **kw):
+    async def spied_abegin(rollout_id, **kw):
         events.append(("begin", rollout_id))
-        return await begin(rollout_id, **kw)
+        return await abegin(rollout_id, **kw)
+
+    def spied_begin(rollout_id, **kw):
+        events.append(("begin at once", rollout_id))
+        return begin(rollout_id, **kw)
 
     monkeypatch.setattr(sessions, "decide", spied_decide)
-    monkeypatch.setattr(gw.ledger, "abegin_call", spied_begin)
+    monkeypatch.setattr(gw.ledger, "abegin_call", spied_abegin)
+    monkeypatch.setattr(gw.ledger, "begin_call", spied_begin)
     return events
 
 
@@ -84,7 +89,33 @@ def test_a_lone_call_does_not_wait(gateway, monkeypatch):
         await task
 
     asyncio.run(go())
-    assert [e[0] for e in events] == ["decide", "begin", "next turn"]
+    # alone, its pending row is committed at once, not in a group commit two turns later
+    assert [e[0] for e in events] == ["decide", "begin at once", "next turn"]
+
+
+def test_a_lone_call_commits_each_write_at_once(gateway, monkeypatch):
+    """Alone, a call's pending row is committed before the engine is asked and its completion
+    before it returns, each in a commit of its own (no group commit to wait for); with other
+    calls being served, they share group commits."""
+    gw = gateway
+    ro = gw.create_rollout("g", None)
+    seen: list[str] = []
+    generate = gw.engine.generate
+
+    async def spied_generate(*a, **kw):
+        with Ledger(gw.ledger.path, readonly=True) as other:
+            (status,) = {c.status for c in other.calls(ro.id)}
+        seen.append(status)  # what another connection reads while the engine is asked
+        return await generate(*a, **kw)
+
+    monkeypatch.setattr(gw.engine, "generate", spied_generate)
+    monkeypatch.setattr(gw.ledger, "abegin_call", None)  # the grouped writes are not used
+    monkeypatch.setattr(gw.ledger, "acomplete_call", None)
+    done = asyncio.run(_call(gw, gw.session(ro.id), 0))
+    assert seen == ["pending"]
+    with Ledger(gw.ledger.path, readonly=True) as other:
+        (call,) = other.calls(ro.id)
+    assert call.status == "completed" and call.id == done.call_id
 
 
 @pytest.mark.parametrize("change, error", [("finished", Conflict), ("closing", Unavailable)])

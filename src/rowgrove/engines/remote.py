@@ -43,7 +43,8 @@ import httpx
 import orjson
 
 # check_generation lives in rowgrove.engines.base (every engine's answer is checked); kept importable here
-from rowgrove.engines.base import ExtendedIds, Generation, SamplingParams, as_list, check_generation, check_prompt
+from rowgrove.engines.base import (ExtendedIds, Generation, SamplingParams, as_list, check_generation, check_prompt,
+                                   plain_ints)
 from rowgrove.engines.http import ConnectFailed, Reply, ServerClient
 from rowgrove.engines.verify import Reference, WeightMirror, WeightSyncError, largest_difference, with_tied_head
 from rowgrove.engines.verify import sync_tolerance as resolve_tolerance
@@ -251,7 +252,7 @@ class RemoteEngine(ABC):
             # next call's prompt extends it
             rest = prompt_ids[n:]
             new = check_prompt(rest, self.vocab_size)
-            prompt = prompt_ids if all(type(i) is int for i in rest) else held.ids + new
+            prompt = prompt_ids if plain_ints(rest) else held.ids + new
             memo = _Checked(prompt, (held.json, n) if held.json is not None else None)
         elif held is not None and type(prompt_ids) is list and len(prompt_ids) > n and prompt_ids[:n] == held.ids:
             prompt = held.ids + check_prompt(prompt_ids[n:], self.vocab_size)

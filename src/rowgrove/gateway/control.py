@@ -13,7 +13,6 @@ from rowgrove.errors import BadRequest, Conflict
 from rowgrove.gateway.core.decide import validate_messages
 from rowgrove.hashing import ROLES
 from rowgrove.gateway.sessions import Gateway, RolloutSession
-from rowgrove.types import Call
 
 __all__ = ["finish", "lineage", "rows"]
 
@@ -79,7 +78,7 @@ def finish(gw: Gateway, session: RolloutSession, body: Any) -> dict[str, Any]:
 
 def lineage(gw: Gateway, session: RolloutSession) -> dict[str, Any]:
     ro = gw.ledger.get_rollout(session.rollout_id)
-    calls = gw.ledger.calls(ro.id)
+    calls = gw.ledger.call_outlines(ro.id)
     return {
         "rollout_id": ro.id,
         "group_id": ro.group_id,
@@ -89,18 +88,13 @@ def lineage(gw: Gateway, session: RolloutSession) -> dict[str, Any]:
         "calls": [
             {"id": c.id, "ordinal": c.ordinal, "parent_id": c.parent_id, "root": c.root,
              "status": c.status, "prompt_tokens": c.prompt_len,
-             "completion_tokens": int(len(c.sampled_ids)), "finish_reason": c.finish_reason,
-             "history_drift": c.history_drift, "weight_version": _version_range(c),
-             **_hosted(c)}
+             "completion_tokens": c.sampled, "finish_reason": c.finish_reason,
+             "history_drift": c.history_drift,
+             "weight_version": list(c.weight_range) if c.weight_range is not None else None,
+             **({"hosted_tools_dropped": c.hosted_tools_dropped} if c.hosted_tools_dropped else {})}
             for c in calls
         ],
     }
-
-def _hosted(c: Any) -> dict[str, Any]:
-    """`{"hosted_tools_dropped": [type, ...]}` for a call whose request named hosted tools the
-    model was not shown (its stored response records them), else nothing."""
-    dropped = (c.response or {}).get("hosted_tools_dropped") if isinstance(c.response, dict) else None
-    return {"hosted_tools_dropped": dropped} if dropped else {}
 
 
 def rows(gw: Gateway, session: RolloutSession) -> dict[str, Any]:
@@ -116,14 +110,6 @@ def rows(gw: Gateway, session: RolloutSession) -> dict[str, Any]:
         "metrics": _jsonable(built.metrics),
         "invalid_reason": built.invalid_reason,
     }
-
-
-def _version_range(call: Call) -> list[int] | None:
-    """[oldest, newest] weight version over the call's sampled tokens; None when unknown or none."""
-    vs = call.weight_versions
-    if vs is None or len(vs) == 0:
-        return None
-    return [int(vs.min()), int(vs.max())]
 
 
 def _jsonable(x: Any) -> Any:

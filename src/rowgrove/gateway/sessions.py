@@ -165,6 +165,7 @@ class Gateway:
         self.keys: dict[str, str] = {}  # api_key -> rollout id, of the keys plain /v1 calls used
         self.deadlines = Deadlines()
         self.in_flight = 0
+        self.serving = 0  # calls inside `complete` (any stage), of every rollout
         self.open_uploads = 0
         self.closing = False
         # the base of every base_url: the configured public address, else set by the server once
@@ -350,6 +351,7 @@ class Gateway:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_consume_exception)
         session.inflight[key] = fut
+        self.serving += 1
         try:
             return await self._complete(session, req, key, fut)
         except BaseException as e:
@@ -357,6 +359,7 @@ class Gateway:
                 fut.set_exception(e if isinstance(e, Exception) else EngineError("call was cancelled"))
             raise
         finally:
+            self.serving -= 1
             if session.inflight.get(key) is fut:
                 del session.inflight[key]
 
@@ -379,9 +382,11 @@ class Gateway:
         kind = call_kind(plan.parent_id, plan.drift)
         status = "aborted"
         try:
-            # the pending row shares its commit with the calls of this loop turn (group commit);
-            # it is committed before the engine is asked
-            call = await self.ledger.abegin_call(
+            # the pending row is committed before the engine is asked: sharing its commit with
+            # the calls of this loop turn (group commit), or at once when no other call is being
+            # served (`_lone`)
+            begin = self.ledger.begin_call if self._lone() else self.ledger.abegin_call
+            call = begin(
                 session.rollout_id,
                 parent_id=plan.parent_id,
                 prompt_ids=plan.prompt_ids,
@@ -390,6 +395,8 @@ class Gateway:
                 request_key=key,
                 history_drift=plan.drift,
             )
+            if not isinstance(call, Call):
+                call = await call
             if plan.images:
                 self._store_images(call.id, plan)
             for tool_type in req.hosted_tools:  # not `kind`: call_ended below reports the call's kind
@@ -428,6 +435,14 @@ class Gateway:
             messages, images = load_request_images(messages, folder=vision.folder, lookup=vision.lookup)
         return decide(self._index(session), messages, self.renderer, tools=req.tools,
                       options=req.chat_template_kwargs, images=images)
+
+    def _lone(self) -> bool:
+        """Whether the call being served is the only one: then its ledger writes commit at once
+        (`Ledger.begin_call`, `complete_call`) instead of joining a group commit, which a lone
+        call would wait two loop turns for with nothing to share it: a future, two turns of the
+        loop and a wake-up of its task, twice per call (docs/gateway.md, "Durability"). The
+        guarantees are the same: each write is committed before the call goes on."""
+        return self.serving <= 1
 
     def _check_callable(self, session: RolloutSession) -> None:
         if session.finished:
@@ -514,7 +529,7 @@ class Gateway:
             raise EngineError(f"the engine answered call {call.id} with bad weight versions ({problem}): "
                               "an engine must give one version >= 0 per sampled token, or none")
         try:
-            body, message, finish = self._response(req, call, plan, gen)
+            body, message, finish, reply_text = self._response(req, call, plan, gen)
             if req.hosted_tools:  # recorded on the call: which hosted tools the model was not shown
                 body["hosted_tools_dropped"] = list(req.hosted_tools)
             summary, response_hash = summary_hashes(plan, message)
@@ -524,7 +539,8 @@ class Gateway:
             raise EngineError(f"could not read the engine's answer to call {call.id}: "
                               f"{type(e).__name__}: {e}") from e
         try:
-            await self.ledger.acomplete_call(  # committed (with this turn's others) before the answer
+            # committed (with this turn's others, or at once when alone) before the answer
+            done = (self.ledger.complete_call if self._lone() else self.ledger.acomplete_call)(
                 call.id,
                 sampled_ids=gen.token_ids,
                 logprobs=gen.logprobs,
@@ -534,6 +550,8 @@ class Gateway:
                 response=body,
                 weight_versions=versions,
             )
+            if done is not None:
+                await done
         except BaseException as e:
             self.ledger.end_call(call.id, "failed", f"could not record the response: {type(e).__name__}: {e}",
                                  sampled_ids=gen.token_ids, logprobs=gen.logprobs, weight_versions=versions)
@@ -541,7 +559,7 @@ class Gateway:
         if _DIE_AFTER_COMMIT:  # tests: a crash between the ledger commit and the response
             os._exit(137)
         if session.index is not None:
-            text = None if plan.context_text is None else plan.context_text + self.renderer.decode(gen.token_ids)
+            text = None if plan.context_text is None else plan.context_text + reply_text
             session.index.add_call(call.id, summary, plan.full_prompt_ids, sampled_ids=gen.token_ids,
                                    parent_id=plan.parent_id, context_text=text, window=plan.window)
             if plan.images and plan.messages is not None:
@@ -567,12 +585,13 @@ class Gateway:
         places = [(i, k) for i, k, _ in image_positions(plan.messages)] if plan.messages is not None else None
         self.ledger.link_images(call_id, [img.digest for img in plan.images], places)
 
-    def _response(self, req: ChatRequest, call: Call, plan: Decision, gen: Any) -> tuple[dict, dict, str]:
-        """(completion body, the assistant message it carries, finish reason)."""
+    def _response(self, req: ChatRequest, call: Call, plan: Decision, gen: Any) -> tuple[dict, dict, str, str]:
+        """(completion body, the assistant message it carries, finish reason, the exact text of
+        every sampled id: what the call adds to its context)."""
 
         ids = list(gen.token_ids)
-        body_ids = ids[:-1] if ids and gen.finish_reason == "stop" and ids[-1] in self.stop_ids else ids
-        text = self.renderer.decode(body_ids)
+        kept = len(ids) - 1 if ids and gen.finish_reason == "stop" and ids[-1] in self.stop_ids else len(ids)
+        reply_text, text = self.renderer.decode_reply(ids, kept)
         if gen.finish_reason == "stop" and req.sampling.stop:
             cuts = [text.find(s) for s in req.sampling.stop]
             cuts = [c for c in cuts if c >= 0]
@@ -590,7 +609,7 @@ class Gateway:
             message=message, finish_reason=finish, prompt_tokens=len(plan.full_prompt_ids),
             completion_tokens=len(ids), logprobs=lp,
         )
-        return body, message, finish
+        return body, message, finish, reply_text
 
 
 def call_weight_versions(gen: Any, version_before: int) -> tuple[list[int], str | None]:

@@ -37,10 +37,10 @@ import orjson
 
 from rowgrove.errors import Conflict, InputError, NotFound
 from rowgrove.ledger.codec import (call_from_row, check_versions, from_json, ordered_hex, pack_floats, pack_ids,
-                                    rollout_from_row, to_json, unpack_ids)
+                                    rollout_from_row, to_json, unpack_ids, unpack_versions)
 from rowgrove.ledger.schema import (ROLLOUT_COLUMNS, SCHEMA, SCHEMA_VERSION, UNDELIVERED, call_columns, open_ledger_db,
                                      prepare_ledger_db, synchronous_for, table_columns)
-from rowgrove.types import Call, Rollout
+from rowgrove.types import Call, CallOutline, Rollout
 
 class Ledger:
     """One SQLite file holding rollouts and their calls. Safe to share between threads.
@@ -443,6 +443,30 @@ class Ledger:
                 f"SELECT {self._call_columns} FROM calls WHERE rollout_id=? ORDER BY ordinal", (rollout_id,)
             ).fetchall()
         return [call_from_row(r) for r in rows]
+
+    def call_outlines(self, rollout_id: str) -> list[CallOutline]:
+        """The rollout's calls in ordinal order, each without its token and logprob arrays or its
+        response: what a lineage shows, read without decoding what it does not show (a response
+        is decoded only when it records hosted tools dropped)."""
+        cols = self.call_table_columns
+        drift = "history_drift" if "history_drift" in cols else "0"
+        versions = "weight_versions" if "weight_versions" in cols else "NULL"
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, ordinal, parent_id, root, status, prompt_len, COALESCE(length(sampled_ids), 0) / 4, "
+                f"finish_reason, {drift}, {versions}, "
+                "CASE WHEN instr(response, 'hosted_tools_dropped') > 0 THEN response END "
+                "FROM calls WHERE rollout_id=? ORDER BY ordinal", (rollout_id,)).fetchall()
+        out = []
+        for r in rows:
+            vs = unpack_versions(r[9])
+            dropped = (from_json(r[10]) or {}).get("hosted_tools_dropped") if r[10] is not None else None
+            out.append(CallOutline(
+                id=r[0], ordinal=r[1], parent_id=r[2], root=bool(r[3]), status=r[4], prompt_len=r[5],
+                sampled=int(r[6]), finish_reason=r[7], history_drift=bool(r[8]),
+                weight_range=None if vs is None or len(vs) == 0 else (int(vs.min()), int(vs.max())),
+                hosted_tools_dropped=list(dropped) if isinstance(dropped, list) and dropped else None))
+        return out
 
     def find_retry(self, rollout_id: str, request_key: str) -> Call | None:
         """The most recent call of this rollout made from the same request body, if any."""

@@ -146,6 +146,9 @@ class Renderer:
         self._pieces: OrderedDict[tuple[int | None, str], list[int]] = OrderedDict()
         # and within a piece line by line, where that provably tokenizes the same (core.pieces)
         self._lines_ok = self._backend is not None and lines_cut_exactly(self._backend)
+        # byte-level decoding (`decode_reply`): the text of ids followed by an added token is the
+        # text of the ids, then the token's own text
+        self._bytes_decoded = self._backend is not None and type(self._backend.decoder).__name__ == "ByteLevel"
         self._added_id = {t: i for i, t in sorted(self._added_text.items(), reverse=True)}
         self._added_re = re.compile("|".join(re.escape(t) for t in sorted(self._added_id, key=len, reverse=True))) \
             if self._added_id else None
@@ -270,6 +273,23 @@ class Renderer:
         if self._backend is not None:
             return self._backend.decode(list(ids), skip_special_tokens=False)
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def decode_reply(self, ids: Sequence[int], body: int) -> tuple[str, str]:
+        """(the exact text of `ids`, that of `ids[:body]`): a reply with and without its final stop
+        token, decoded once where that gives the same texts. A byte-level decoder turns each id
+        into its bytes and the whole into text, so the text before an added token is the text of
+        the ids before it, unless they end inside a character (then decoded apart); other decoders
+        may join or strip around the token, so both are decoded."""
+        full = self.decode(ids)
+        if body == len(ids):
+            return full, full
+        if self._bytes_decoded and body == len(ids) - 1:
+            marker = self._added_text.get(int(ids[-1]))
+            if marker and full.endswith(marker):
+                head = full[:len(full) - len(marker)]
+                if not head.endswith("\ufffd"):
+                    return full, head
+        return full, self.decode(ids[:body])
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, no special tokens added."""
