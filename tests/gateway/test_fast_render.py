@@ -386,3 +386,28 @@ def test_a_cut_short_scan_renders_as_the_whole_scan(tokenizer):
         assert part is not None and part.v == whole.v and part.items == whole.items[k:]
 
     check()
+
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=6),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=4), kids, max_size=3)
+    | st.dictionaries(st.integers(0, 3), kids, max_size=2),
+    max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(_JSONISH, min_size=1, max_size=4),
+       args=st.sampled_from([{}, {"indent": 2}, {"indent": "\t"}, {"sort_keys": True}, {"ensure_ascii": True},
+                             {"separators": (",", ":")}, {"separators": [", ", ": "], "indent": 4}]))
+def test_tojson_writes_what_json_dumps_writes_remembered_or_not(values, args):
+    """The window engine's tojson remembers what it wrote by the value's orjson bytes; each value,
+    written twice and among others that orjson writes alike (null, NaN, infinities), reads as
+    json.dumps writes it."""
+    import json
+
+    from rowgrove.gateway.core.window import _tojson
+
+    for _ in range(2):
+        for v in [*values, float("nan"), None, float("inf"), 1, 1.0, True]:
+            assert _tojson(v, **args) == json.dumps(v, **{"ensure_ascii": False, **args})
