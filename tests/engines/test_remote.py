@@ -472,3 +472,34 @@ def test_check_prompt_reads_plain_lists_as_it_reads_any(ids):
     except (ValueError, OverflowError):
         got = "raises"
     assert got == expected
+
+
+_TOKEN = st.one_of(st.integers(0, 10**6).map(lambda i: f"token_id:{i}"), st.integers(-5, 5).map(lambda i: f"token_id:{i}"),
+                   st.sampled_from(["token_id:05", "token_id: 7", "token_id:+3", "token_id:1_0", "token_id:1e3",
+                                    "token_id:1.5", "token_id:1,token_id:2", "token_id:3token_id:4", "token_id:[1]",
+                                    "token_id:", "token_id:true", "5", "x,token_id:6", "token_id:8]", "tok"]),
+                   st.text(max_size=12), st.integers(0, 9))
+
+
+@settings(max_examples=500, deadline=None)
+@given(tokens=st.lists(_TOKEN, max_size=6))
+def test_logprob_tokens_read_at_c_speed_as_item_by_item(tokens):
+    """`logprobs.tokens` read through one joined JSON parse names the ids the item-by-item reading
+    names, and refuses what it refuses."""
+    from rowgrove.engines.vllm import _token_ids
+
+    def by_item(ts):
+        if all(isinstance(t, str) and t.startswith("token_id:") for t in ts):
+            return [int(t[9:]) for t in ts]
+        raise ValueError
+
+    try:
+        expected = by_item(tokens)
+    except ValueError:
+        expected = None
+    try:
+        got = _token_ids(tokens)
+        assert all(type(i) is int for i in got)
+    except EngineError:
+        got = None
+    assert got == expected

@@ -196,7 +196,11 @@ class Reply:
 
     async def aread(self) -> bytes:
         if self._body is None:
-            self._body = b"".join([p async for p in self._pieces()])
+            c = self._conn
+            while not c.complete:  # the usual answer came whole with its head: nothing to wait for
+                await c.wait(self._timeout)
+            self._body = b"".join(c.chunks)
+            c.chunks.clear()
         return self._body
 
     async def aiter_lines(self) -> AsyncIterator[str]:
