@@ -405,7 +405,13 @@ def test_a_storage_failure_is_a_500_logged_with_its_traceback(tmp_path, caplog):
         async def broken(*a, **kw):
             raise sqlite3.OperationalError("disk I/O error")
 
-        gw.gateway.ledger.acomplete_call = broken  # the instance attribute shadows the method
+        def broken_now(*a, **kw):
+            raise sqlite3.OperationalError("disk I/O error")
+
+        # the instance attributes shadow the methods: the grouped write, and the one a call served
+        # alone commits at once
+        gw.gateway.ledger.acomplete_call = broken
+        gw.gateway.ledger.complete_call = broken_now
         with caplog.at_level(logging.ERROR, logger="rowgrove.gateway"):
             r = httpx.post(ro["base_url"] + "/chat/completions", json={"messages": USER}, headers=_auth(ro))
             time.sleep(0.05)
