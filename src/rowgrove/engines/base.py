@@ -186,14 +186,15 @@ def as_list(ids: Sequence[int]) -> list[int]:
     return ids if type(ids) is list else list(ids)
 
 
-_INT = frozenset({int})
-_FLOAT = frozenset({float})
+def of_type(items: Sequence[Any], cls: type) -> bool:
+    """Whether every item of `items` is a `cls` itself (no subclass: for int, not a bool or a
+    numpy integer), read at C speed."""
+    return {cls}.issuperset(map(type, items))
 
 
 def plain_ints(ids: Sequence[Any]) -> bool:
-    """Whether every item of `ids` is an `int` itself (not a bool, a numpy integer or another
-    subclass), read at C speed."""
-    return _INT.issuperset(map(type, ids))
+    """`of_type(ids, int)`."""
+    return of_type(ids, int)
 
 
 def check_prompt(prompt_ids: Sequence[int], vocab_size: int) -> list[int]:
@@ -241,7 +242,7 @@ def check_generation(gen: Generation, vocab_size: int, where: str, *, versions: 
         raise EngineError(f"{where} returned {n} token ids but {len(lps)} logprobs: "
                           "an engine fault, the call is not stored")
     # a finite sum has no NaN or infinity in it (a sum that overflows is read value by value)
-    if not (type(lps) is list and _FLOAT.issuperset(map(type, lps))
+    if not (type(lps) is list and of_type(lps, float)
             and (not lps or (math.isfinite(sum(lps)) and max(lps) <= 1e-3))):
         wrong = [x for x in lps if not _is_logprob(x)]
     else:

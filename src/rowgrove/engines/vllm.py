@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 import orjson
 
-from rowgrove.engines.base import Generation, SamplingParams, plain_ints
+from rowgrove.engines.base import Generation, SamplingParams, of_type, plain_ints
 from rowgrove.engines.http import ServerClient
 from rowgrove.engines.remote import PROBE_MESSAGES, RemoteEngine
 from rowgrove.errors import EngineError
@@ -305,8 +305,6 @@ class _Accumulator:
                           finish_reason=self.finish, top_logprobs=self.tops if self.top else None)
 
 
-_STR = frozenset({str})
-
 
 def _token_ids(tokens: list[Any]) -> list[int]:
     """The sampled ids named by `logprobs.tokens` (`"token_id:N"` each, as
@@ -315,7 +313,7 @@ def _token_ids(tokens: list[Any]) -> list[int]:
     # as there are items, each led by the comma that joins the items: none inside one) and the
     # rest of each item one JSON integer (as many as there are items); anything else (a comma or
     # a bracket inside an item, a float, an item that is not a string) is read item by item below
-    if type(tokens) is list and _STR.issuperset(map(type, tokens)):
+    if type(tokens) is list and of_type(tokens, str):
         joined = ",".join(tokens)
         if joined.count("token_id:") == len(tokens) == ("," + joined).count(",token_id:"):
             try:

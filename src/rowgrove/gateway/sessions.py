@@ -385,18 +385,12 @@ class Gateway:
             # the pending row is committed before the engine is asked: sharing its commit with
             # the calls of this loop turn (group commit), or at once when no other call is being
             # served (`_lone`)
-            begin = self.ledger.begin_call if self._lone() else self.ledger.abegin_call
-            call = begin(
-                session.rollout_id,
-                parent_id=plan.parent_id,
-                prompt_ids=plan.prompt_ids,
-                prompt_len=len(plan.full_prompt_ids),
-                request_hash=plan.request_hash,
-                request_key=key,
-                history_drift=plan.drift,
-            )
-            if not isinstance(call, Call):
-                call = await call
+            pending = dict(parent_id=plan.parent_id, prompt_ids=plan.prompt_ids, prompt_len=len(plan.full_prompt_ids),
+                           request_hash=plan.request_hash, request_key=key, history_drift=plan.drift)
+            if self._lone():
+                call = self.ledger.begin_call(session.rollout_id, **pending)
+            else:
+                call = await self.ledger.abegin_call(session.rollout_id, **pending)
             if plan.images:
                 self._store_images(call.id, plan)
             for tool_type in req.hosted_tools:  # not `kind`: call_ended below reports the call's kind
@@ -540,18 +534,13 @@ class Gateway:
                               f"{type(e).__name__}: {e}") from e
         try:
             # committed (with this turn's others, or at once when alone) before the answer
-            done = (self.ledger.complete_call if self._lone() else self.ledger.acomplete_call)(
-                call.id,
-                sampled_ids=gen.token_ids,
-                logprobs=gen.logprobs,
-                finish_reason=finish,
-                summary_hash=summary,
-                response_hash=response_hash,
-                response=body,
-                weight_versions=versions,
-            )
-            if done is not None:
-                await done
+            completed = dict(sampled_ids=gen.token_ids, logprobs=gen.logprobs, finish_reason=finish,
+                             summary_hash=summary, response_hash=response_hash, response=body,
+                             weight_versions=versions)
+            if self._lone():
+                self.ledger.complete_call(call.id, **completed)
+            else:
+                await self.ledger.acomplete_call(call.id, **completed)
         except BaseException as e:
             self.ledger.end_call(call.id, "failed", f"could not record the response: {type(e).__name__}: {e}",
                                  sampled_ids=gen.token_ids, logprobs=gen.logprobs, weight_versions=versions)
